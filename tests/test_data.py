@@ -1,0 +1,202 @@
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+from PIL import Image
+
+from training.data import BuiltDataset
+from training.data.build import build, scene_split_sizes
+from training.data.digits import split_indices
+from training.data.folder import FolderDataset
+from training.data.scenes import HELDOUT_PAIRS, make_sample
+from training.data.speech import SAMPLE_RATE, Voice, is_speech, synthesize
+from unimodal.cli import main as cli_main
+from unimodal.errors import DataError, InputError, ManifestError, UnimodalError
+from unimodal.grammar import (COLORS, SHAPES, digit_caption, parse_digit_caption, parse_scene_caption,
+                              scene_caption, scenes_equal)
+
+
+def test_rebuild_is_byte_identical(tiny_scenes, tmp_path):
+    again = build("scenes", n=40, seed=0, out=tmp_path / "again", progress=False)
+    for path in sorted(p for p in tiny_scenes.rglob("*") if p.is_file()):
+        twin = again / path.relative_to(tiny_scenes)
+        assert path.read_bytes() == twin.read_bytes(), path.name
+
+
+def test_other_seed_differs():
+    a, b = make_sample(0, 0, 0, False, speech=False), make_sample(1, 0, 0, False, speech=False)
+    assert a.text != b.text or not np.array_equal(a.image, b.image)
+
+
+def test_split_sizes_and_shapes(tiny_scenes):
+    sizes = scene_split_sizes(40)
+    for split, count in sizes.items():
+        ds = BuiltDataset(tiny_scenes, split)
+        assert len(ds) == count
+        sample = ds[0]
+        assert sample.image.shape == (64, 64, 3) and sample.image.dtype == np.uint8
+        assert sample.modalities() == ("text", "image", "audio")
+
+
+def test_every_caption_parses_back_to_its_attributes(tiny_scenes):
+    for split in ("train", "heldout"):
+        for sample in BuiltDataset(tiny_scenes, split):
+            assert parse_scene_caption(sample.text) == sample.meta["attributes"], sample.text
+
+
+@pytest.mark.parametrize("template", range(5))
+def test_caption_templates_round_trip(template):
+    for shape in SHAPES:
+        for color in COLORS:
+            single = {"objects": [{"shape": shape, "color": color, "size": "small", "position": "top"}],
+                      "relation": None}
+            assert parse_scene_caption(scene_caption(single, template)) == single
+            pair = {"objects": [{"shape": shape, "color": color, "size": "large"},
+                                {"shape": "circle", "color": "blue", "size": "small"}], "relation": "right of"}
+            assert parse_scene_caption(scene_caption(pair, template)) == pair
+    for digit in range(10):
+        assert parse_digit_caption(digit_caption(digit, template)) == digit
+
+
+def test_parser_rejects_incomplete_captions():
+    assert parse_scene_caption("a red circle") is None  # no size, no position
+    assert parse_scene_caption("a small red circle and a big thing") is None
+    assert parse_digit_caption("a seven and a 3") is None
+    pair = parse_scene_caption("a small red circle to the right of a large blue square")
+    flipped = parse_scene_caption("a large blue square to the left of a small red circle")
+    assert pair != flipped and scenes_equal(pair, flipped)
+
+
+def test_heldout_pairs_never_in_train(tiny_scenes):
+    def pairs(split):
+        return {(o["color"], o["shape"]) for s in BuiltDataset(tiny_scenes, split) for o in s.meta["attributes"]["objects"]}
+
+    for split in ("train", "val", "test"):
+        assert not pairs(split) & HELDOUT_PAIRS
+    for sample in BuiltDataset(tiny_scenes, "heldout"):
+        assert {(o["color"], o["shape"]) for o in sample.meta["attributes"]["objects"]} & HELDOUT_PAIRS
+    # and at a size where chance alone would have leaked them
+    for i in range(300):
+        objects = make_sample(0, 0, i, heldout=False, speech=False).meta["attributes"]["objects"]
+        assert not {(o["color"], o["shape"]) for o in objects} & HELDOUT_PAIRS
+
+
+def test_audio_rate_length_and_speech(tiny_scenes):
+    ds = BuiltDataset(tiny_scenes, "test")
+    assert ds.sample_rate == SAMPLE_RATE == 16_000
+    for sample in ds:
+        seconds = len(sample.audio) / SAMPLE_RATE
+        words = len(sample.text.split())
+        assert 0.15 * words < seconds < 0.8 * words + 1.0, (sample.text, seconds)
+        assert is_speech(sample.audio)
+        assert np.abs(sample.audio).max() <= 1.0
+
+
+def test_speech_is_deterministic_and_voice_changes_it():
+    v = Voice("en-us+f2", 150, 40, 60)
+    a, b = synthesize("the digit seven", v), synthesize("the digit seven", v)
+    assert np.array_equal(a, b)
+    c = synthesize("the digit seven", Voice("en-us+m3", 190, 60, 40))
+    assert len(c) < len(a)  # faster rate, shorter clip
+    assert not is_speech(np.zeros(16000, dtype=np.float32))
+    with pytest.raises(InputError, match="voice"):
+        synthesize("hello", Voice("xx-no-such-voice"))
+    with pytest.raises(InputError):
+        synthesize("   ")
+
+
+def test_digits_split_is_disjoint_and_complete(tmp_path):
+    idx = split_indices(0)
+    all_idx = np.concatenate(list(idx.values()))
+    assert len(all_idx) == len(set(all_idx.tolist())) == 1797
+    out = build("digits", n=60, seed=0, out=tmp_path / "digits", progress=False, speech=False)
+    ds = BuiltDataset(out, "train")
+    sample = ds[0]
+    assert parse_digit_caption(sample.text) == sample.meta["attributes"]["digit"]
+    assert sample.image.shape == (64, 64, 3) and sample.image.max() > 200
+    assert sample.audio is None
+    with pytest.raises(InputError, match="1797"):
+        build("digits", n=5000, out=tmp_path / "too-many", progress=False)
+
+
+def test_unknown_dataset_and_split(tiny_scenes, tmp_path):
+    with pytest.raises(InputError, match="scenes"):
+        build("imagenet", n=100, out=tmp_path / "x")
+    with pytest.raises(InputError, match="split"):
+        BuiltDataset(tiny_scenes, "validation")
+    with pytest.raises(DataError, match="info.json"):
+        BuiltDataset(tmp_path, "train")
+
+
+def _write_manifest(folder, lines):
+    path = folder / "data.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def user_folder(tmp_path):
+    Image.new("RGBA", (120, 80), (255, 0, 0, 255)).save(tmp_path / "red.png")
+    t = np.arange(44100, dtype=np.float32) / 44100
+    stereo = np.stack([np.sin(2 * np.pi * 440 * t), np.sin(2 * np.pi * 220 * t)], axis=1) * 0.3
+    sf.write(tmp_path / "tone.wav", stereo, 44100)
+    (tmp_path / "broken.png").write_bytes(b"not a png")
+    return tmp_path
+
+
+def test_folder_manifest_loads_and_converts(user_folder):
+    path = _write_manifest(user_folder, [
+        json.dumps({"text": "a red rectangle", "image": "red.png"}),
+        "",
+        "# a comment",
+        json.dumps({"audio": "tone.wav", "speaker": "synthetic"}),
+    ])
+    ds = FolderDataset(path)
+    assert len(ds) == 2
+    first, second = ds[0], ds[1]
+    assert first.image.shape == (64, 64, 3) and tuple(first.image[32, 32]) == (255, 0, 0)
+    assert first.audio is None and second.text is None and second.image is None
+    assert abs(len(second.audio) - 16000) <= 1 and second.audio.ndim == 1
+    assert second.meta == {"line": 4, "speaker": "synthetic"}
+
+
+@pytest.mark.parametrize("bad_line, reason", [
+    ('{"text": "ok"', "not valid JSON"),
+    ('{"caption": "wrong key"}', "no usable field"),
+    ('{"image": "missing.png"}', "cannot read image"),
+    ('{"image": "broken.png"}', "cannot read image"),
+    ('{"audio": "red.png"}', "cannot read audio"),
+    ('{"text": 5}', "must be a string"),
+    ('["text"]', "JSON object"),
+])
+def test_bad_manifest_records_name_their_line(user_folder, bad_line, reason):
+    path = _write_manifest(user_folder, [json.dumps({"text": "fine"}), bad_line, json.dumps({"text": "also fine"})])
+    with pytest.raises(ManifestError, match=reason) as err:
+        FolderDataset(path)
+    assert err.value.line == 2 and "line 2" in str(err.value)
+    ds = FolderDataset(path, skip_bad=True)
+    assert len(ds) == 2 and len(ds.skipped) == 1 and ds.skipped[0].line == 2
+
+
+def test_manifest_with_nothing_usable(user_folder):
+    path = _write_manifest(user_folder, ['{"image": "missing.png"}'])
+    with pytest.raises(DataError, match="no usable record"):
+        FolderDataset(path, skip_bad=True)
+    with pytest.raises(DataError, match="does not exist"):
+        FolderDataset(user_folder / "nope.jsonl")
+
+
+def test_cli_reports_errors_without_traceback(user_folder, capsys):
+    path = _write_manifest(user_folder, ['{"text": "fine"}', '{"image": "missing.png"}'])
+    assert cli_main(["data", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "line 2" in err and "Traceback" not in err
+    assert cli_main(["data", "check", str(path), "--skip-bad"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["skipped"] == 1 and "line 2" in out.err
+
+
+def test_errors_share_one_base():
+    for cls in (InputError, DataError, ManifestError):
+        assert issubclass(cls, UnimodalError)

@@ -1,0 +1,1 @@
+"""Training: embedded and user data sets, the masking schedule, the single objective, trainers."""

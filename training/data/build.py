@@ -1,0 +1,85 @@
+"""Build the embedded data sets into a cache folder: ``unimodal data build NAME --n N --out DIR``."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from training.data import digits, scenes
+from training.data.speech import SAMPLE_RATE
+from training.data.store import Sample, publish, staging_dir, write_info, write_split
+from unimodal.errors import InputError
+from unimodal.grammar import IMAGE_SIZE
+
+SCENE_SPLIT_IDS = {"train": 0, "val": 1, "test": 2, "heldout": 3}
+
+
+def scene_split_sizes(n: int) -> dict[str, int]:
+    """train/val/test share ``n`` 80/10/10; the heldout split adds n/10 more."""
+    n_train, n_val = int(n * 0.8), int(n * 0.1)
+    return {"train": n_train, "val": n_val, "test": n - n_train - n_val, "heldout": max(1, n // 10)}
+
+
+def _build_scenes(n: int, seed: int, speech: bool, bar: tqdm) -> dict[str, list[Sample]]:
+    splits = {}
+    for split, count in scene_split_sizes(n).items():
+        samples = []
+        for i in range(count):
+            samples.append(scenes.make_sample(seed, SCENE_SPLIT_IDS[split], i, heldout=split == "heldout", speech=speech))
+            bar.update(1)
+        splits[split] = samples
+    return splits
+
+
+def _build_digits(n: int, seed: int, speech: bool, bar: tqdm) -> dict[str, list[Sample]]:
+    fraction = n / digits.NUM_DIGITS
+    return {split: digits.make_samples(seed, split, idx[: max(1, round(len(idx) * fraction))], speech, bar)
+            for split, idx in digits.split_indices(seed).items()}
+
+
+BUILDERS = {"scenes": _build_scenes, "digits": _build_digits}
+DEFAULT_N = {"scenes": 2000, "digits": digits.NUM_DIGITS}
+
+
+def _total(name: str, n: int) -> int:
+    if name == "scenes":
+        return sum(scene_split_sizes(n).values())
+    return min(n, digits.NUM_DIGITS)
+
+
+def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None = None, speech: bool = True,
+          progress: bool = True) -> Path:
+    """Build data set ``name`` with ``n`` samples into ``out`` (default: the cache) and return the folder.
+
+    The build happens in a staging folder and is moved into place only when complete, so an interrupted
+    build never leaves a half-written data set behind.
+    """
+    if name not in BUILDERS:
+        raise InputError(f"unknown data set {name!r}; the embedded ones are {sorted(BUILDERS)} "
+                         f"(your own data: a JSONL manifest, see training.data.folder)")
+    n = DEFAULT_N[name] if n is None else n
+    if not isinstance(n, int) or n < 10:
+        raise InputError(f"--n must be an integer >= 10, got {n!r}")
+    if name == "digits" and n > digits.NUM_DIGITS:
+        raise InputError(f"digits has {digits.NUM_DIGITS} real samples; --n {n} asks for more "
+                         f"(use --n <= {digits.NUM_DIGITS})")
+    if out is None:
+        from unimodal.paths import data_dir
+
+        out = data_dir(name, n, seed)
+    out = Path(out)
+    tmp = staging_dir(out)
+    try:
+        with tqdm(total=_total(name, n), desc=f"building {name}", unit="sample", disable=not progress) as bar:
+            splits = BUILDERS[name](n, seed, speech, bar)
+        for split, samples in splits.items():
+            write_split(tmp, split, samples)
+        write_info(tmp, {"name": name, "n": n, "seed": seed, "speech": speech, "sample_rate": SAMPLE_RATE,
+                         "image_size": IMAGE_SIZE, "splits": {s: len(v) for s, v in splits.items()},
+                         **({"heldout_pairs": sorted(map(list, scenes.HELDOUT_PAIRS))} if name == "scenes" else {})})
+        publish(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -1,0 +1,96 @@
+"""The ``unimodal`` command line. Each command group is one ``add_*`` function that registers its parser.
+
+Errors a user can cause are printed as one line (``error: ...``) with exit status 2, never a traceback;
+set ``UNIMODAL_DEBUG=1`` to see the traceback too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from unimodal.errors import UnimodalError
+
+
+def _cmd_data_build(args) -> int:
+    from training.data.build import build
+
+    out = build(args.name, n=args.n, seed=args.seed, out=args.out, speech=not args.no_speech)
+    print(out)
+    return 0
+
+
+def _cmd_data_info(args) -> int:
+    from training.data.store import read_info
+
+    print(json.dumps(read_info(args.dir), indent=2, sort_keys=True))
+    return 0
+
+
+def _cmd_data_check(args) -> int:
+    from training.data.folder import FolderDataset
+
+    dataset = FolderDataset(args.manifest, skip_bad=args.skip_bad)
+    for err in dataset.skipped:
+        print(f"skipped: {err}", file=sys.stderr)
+    counts = {m: 0 for m in ("text", "image", "audio")}
+    for _, record in dataset.records:
+        for m in counts:
+            counts[m] += bool(record.get(m))
+    print(json.dumps({"manifest": str(args.manifest), "records": len(dataset), "skipped": len(dataset.skipped),
+                      "with": counts}, indent=2))
+    return 0
+
+
+def add_data_commands(sub) -> None:
+    data = sub.add_parser("data", help="build and inspect data sets").add_subparsers(dest="data_cmd", required=True)
+    build = data.add_parser("build", help="build an embedded data set (scenes, digits) into a cache folder")
+    build.add_argument("name", help="scenes or digits")
+    build.add_argument("--n", type=int, default=None, help="samples in train+val+test (scenes default 2000; "
+                                                          "digits default and maximum 1797)")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--out", default=None, help="output folder (default: ~/.cache/unimodal/data/NAME-nN-seedS)")
+    build.add_argument("--no-speech", action="store_true", help="skip the spoken captions")
+    build.set_defaults(func=_cmd_data_build)
+    info = data.add_parser("info", help="print a built data set's info.json")
+    info.add_argument("dir")
+    info.set_defaults(func=_cmd_data_info)
+    check = data.add_parser("check", help="validate a JSONL manifest of your own data")
+    check.add_argument("manifest")
+    check.add_argument("--skip-bad", action="store_true", help="skip bad records (they are counted and listed)")
+    check.set_defaults(func=_cmd_data_check)
+
+
+COMMAND_GROUPS = [add_data_commands]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from unimodal import __version__
+
+    parser = argparse.ArgumentParser(prog="unimodal", description="One masked-diffusion model for text, images "
+                                     "and audio, any-to-any.")
+    parser.add_argument("--version", action="version", version=f"unimodal {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in COMMAND_GROUPS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UnimodalError as err:
+        if os.environ.get("UNIMODAL_DEBUG"):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""The language of the embedded data sets: what a scene or digit caption may say, and how to read it back.
+
+Shared by the data builders (``training/data``), the independent judges and ``unimodal eval``
+(``inference/``): one place defines the words, the canonical colours and geometry, the caption templates
+and the parser that turns any caption back into attributes.
+
+Attributes of a scene are a dict ``{"objects": [obj, ...], "relation": str | None}`` where each ``obj`` is
+``{"shape", "color", "size"}`` plus ``"position"`` when the scene holds one object. With two objects,
+``relation`` tells where the first object stands relative to the second ("left of", "right of", "above",
+"below").
+"""
+
+from __future__ import annotations
+
+import re
+
+SHAPES = ("circle", "square", "triangle", "cross")
+# Canonical RGB of each colour word; hues are at least 25 degrees apart (red 0, orange 28, yellow 55,
+# green 128, blue 222, purple 280), so they survive a lossy codec and are easy to tell apart.
+COLORS = {
+    "red": (220, 40, 40),
+    "orange": (245, 140, 20),
+    "yellow": (235, 220, 40),
+    "green": (40, 180, 60),
+    "blue": (40, 90, 230),
+    "purple": (155, 60, 210),
+}
+# Side of an object's bounding box in pixels, on a 64x64 canvas. Chosen with the image codec (8x8 codes of
+# 8x8 pixels): a small object still spans more than two codes in each direction.
+SIZES = {"small": 18, "large": 28}
+SIZE_THRESHOLD = (SIZES["small"] + SIZES["large"]) / 2
+# Centre of an object for each single-object position, on a 64x64 canvas (x, y).
+POSITIONS = {"left": (16, 32), "right": (48, 32), "top": (32, 16), "bottom": (32, 48), "center": (32, 32)}
+RELATIONS = ("left of", "right of", "above", "below")
+IMAGE_SIZE = 64
+
+_WHERE = {"left": "on the left", "right": "on the right", "top": "at the top", "bottom": "at the bottom",
+          "center": "in the center"}
+_RELATION_PHRASE = {"left of": "to the left of", "right of": "to the right of", "above": "above",
+                    "below": "below"}
+
+SINGLE_TEMPLATES = (
+    "a {size} {color} {shape} {where}",
+    "there is a {size} {color} {shape} {where}",
+    "{where}, a {size} {color} {shape}",
+    "a {size} {shape} in {color} {where}",
+    "the picture shows a {size} {color} {shape} {where}",
+)
+PAIR_TEMPLATES = (
+    "a {a} {rel} a {b}",
+    "there is a {a} {rel} a {b}",
+    "a {a} is {rel} a {b}",
+    "the picture shows a {a} {rel} a {b}",
+)
+
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+DIGIT_TEMPLATES = (
+    "the digit {word}",
+    "a handwritten {numeral}",
+    "a handwritten {word}",
+    "the number {word} written by hand",
+    "a hand drawn {numeral}",
+)
+
+
+def _object_phrase(obj: dict) -> str:
+    return f"{obj['size']} {obj['color']} {obj['shape']}"
+
+
+def scene_caption(attrs: dict, template: int) -> str:
+    """Caption of a scene with the given template index (modulo the number of templates)."""
+    objects = attrs["objects"]
+    if len(objects) == 1:
+        obj = objects[0]
+        text = SINGLE_TEMPLATES[template % len(SINGLE_TEMPLATES)].format(
+            size=obj["size"], color=obj["color"], shape=obj["shape"], where=_WHERE[obj["position"]])
+    else:
+        a, b = objects
+        text = PAIR_TEMPLATES[template % len(PAIR_TEMPLATES)].format(
+            a=_object_phrase(a), b=_object_phrase(b), rel=_RELATION_PHRASE[attrs["relation"]])
+    return text
+
+
+def digit_caption(digit: int, template: int) -> str:
+    return DIGIT_TEMPLATES[template % len(DIGIT_TEMPLATES)].format(word=DIGIT_WORDS[digit], numeral=digit)
+
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def _parse_object(words: list[str]) -> dict | None:
+    found = {}
+    for key, vocab in (("shape", SHAPES), ("color", COLORS), ("size", SIZES)):
+        hits = [w for w in words if w in vocab]
+        if len(hits) != 1:
+            return None
+        found[key] = hits[0]
+    return found
+
+
+def _find_relation(words: list[str]) -> tuple[str, int, int] | None:
+    """(relation, start, end) of the relation phrase in ``words``, or None."""
+    for i, w in enumerate(words):
+        if w in ("left", "right") and i + 1 < len(words) and words[i + 1] == "of":
+            return f"{w} of", i, i + 2
+        if w in ("above", "below"):
+            return w, i, i + 1
+    return None
+
+
+def parse_scene_caption(text: str) -> dict | None:
+    """Attributes stated by a scene caption, or None when it states no complete scene.
+
+    Tolerant of word order and filler words (it looks for the vocabulary, not a template), strict about
+    completeness: every object needs exactly one shape, colour and size, and a single object a position.
+    """
+    words = _words(text)
+    n_shapes = sum(w in SHAPES for w in words)
+    if n_shapes == 1:
+        obj = _parse_object(words)
+        places = [w for w in words if w in POSITIONS]
+        if obj is None or len(places) != 1:
+            return None
+        return {"objects": [{**obj, "position": places[0]}], "relation": None}
+    if n_shapes == 2:
+        rel = _find_relation(words)
+        if rel is None:
+            return None
+        relation, start, end = rel
+        a, b = _parse_object(words[:start]), _parse_object(words[end:])
+        if a is None or b is None:
+            return None
+        return {"objects": [a, b], "relation": relation}
+    return None
+
+
+def parse_digit_caption(text: str) -> int | None:
+    """The digit a caption names (as a word or a numeral), or None when it names none or several."""
+    hits = [DIGIT_WORDS.index(w) if w in DIGIT_WORDS else int(w) for w in _words(text)
+            if w in DIGIT_WORDS or (w.isdigit() and len(w) == 1)]
+    return hits[0] if len(set(hits)) == 1 else None
+
+
+def canonical_scene(attrs: dict) -> dict:
+    """One form for equivalent scenes: "b right of a" becomes "a left of b", so equal scenes compare equal."""
+    if attrs.get("relation") in ("right of", "below"):
+        flipped = {"right of": "left of", "below": "above"}[attrs["relation"]]
+        return {"objects": [attrs["objects"][1], attrs["objects"][0]], "relation": flipped}
+    return {"objects": list(attrs["objects"]), "relation": attrs.get("relation")}
+
+
+def scenes_equal(a: dict | None, b: dict | None) -> bool:
+    """Whether two attribute dicts describe the same scene (relation direction normalised)."""
+    if a is None or b is None:
+        return False
+    return canonical_scene(a) == canonical_scene(b)

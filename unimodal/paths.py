@@ -1,0 +1,21 @@
+"""Where built data sets, trained codecs and runs live: outside the repository, under one cache root."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    """The cache root: ``$UNIMODAL_CACHE`` if set, else ``$XDG_CACHE_HOME/unimodal`` or ``~/.cache/unimodal``."""
+    env = os.environ.get("UNIMODAL_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "unimodal"
+
+
+def data_dir(name: str, n: int, seed: int) -> Path:
+    """Default folder for a built embedded data set."""
+    return cache_root() / "data" / f"{name}-n{n}-seed{seed}"
