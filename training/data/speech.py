@@ -1,7 +1,8 @@
 """Speech synthesis with eSpeak NG, loaded from the ``espeakng-loader`` wheel through its C API.
 
-eSpeak answers at its own rate (22050 Hz); we resample to 16 kHz mono float32 in [-1, 1]. Synthesis is
-deterministic for a given text and :class:`Voice`, so data sets built from it rebuild byte-identically.
+eSpeak answers at its own rate (22050 Hz); we resample to 16 kHz mono float32 in [-1, 1]. Synthesis runs
+in a small worker process (see ``_espeak_worker.py`` for why) and is deterministic for a given text and
+:class:`Voice`, so data sets built from it rebuild byte-identically.
 
 Why ctypes and not a wrapper package: the wheel ships only the shared library and its voice data; the C API
 is six calls, and going through it directly keeps the dependency to that one wheel.
@@ -9,29 +10,22 @@ is six calls, and going through it directly keeps the dependency to that one whe
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
+import json
+import struct
+import subprocess
+import sys
 import threading
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 import torchaudio.functional as AF
 
+from training.data._espeak_worker import STATUS_BAD_INPUT, STATUS_OK
 from unimodal.errors import InputError, SpeechSynthesisError
 
 SAMPLE_RATE = 16_000
-
-# eSpeak NG C API constants (speak_lib.h).
-_AUDIO_OUTPUT_SYNCHRONOUS = 2
-_POS_CHARACTER = 1
-_CHARS_UTF8 = 1
-_EE_OK = 0
-_NOISE_SEED = 1  # fixed seed of eSpeak's noise generator, so the same input always sounds the same
-_PARAM_RATE, _PARAM_VOLUME, _PARAM_PITCH, _PARAM_RANGE = 1, 2, 3, 4
-
-_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
 
 # Base voices and variants that sound clearly different and stay intelligible.
 BASE_VOICES = ("en-us", "en", "en-gb-x-rp", "en-gb-scotland")
@@ -62,110 +56,59 @@ class Voice:
         )
 
 
-class _ESpeak:
-    """The process-wide eSpeak engine (the C library keeps global state, so calls are serialised)."""
+class _SpeechWorker:
+    """The eSpeak worker process (``training/data/_espeak_worker.py``), started on first use.
+
+    Calls are serialised by a lock; a worker that died is started again on the next call.
+    """
 
     def __init__(self):
-        try:
-            import espeakng_loader
-        except ImportError as exc:  # pragma: no cover - core dependency
-            raise SpeechSynthesisError("eSpeak NG needs the package 'espeakng-loader'") from exc
-        try:
-            self.lib = ctypes.CDLL(espeakng_loader.get_library_path())
-        except OSError as exc:
-            raise SpeechSynthesisError(f"could not load libespeak-ng: {exc}") from exc
-        self.lib.espeak_Initialize.restype = ctypes.c_int
-        self.lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-        self.lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
-        self.lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        self.lib.espeak_Synth.argtypes = [
-            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint, ctypes.c_uint,
-            ctypes.c_void_p, ctypes.c_void_p,
-        ]
-        data_path = espeakng_loader.get_data_path().encode()
-        self.native_rate = self.lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path, 0)
-        if self.native_rate <= 0:
-            raise SpeechSynthesisError(f"espeak_Initialize failed (returned {self.native_rate})")
-        self._chunks: list[np.ndarray] = []
-        self._callback = _CALLBACK(self._collect)  # keep a reference: C holds only the pointer
-        self.lib.espeak_SetSynthCallback(self._callback)
         self.lock = threading.Lock()
+        self.process: subprocess.Popen | None = None
+        self.native_rate = 0
 
-    def _collect(self, wav, num_samples, _events) -> int:
-        if num_samples > 0 and wav:
-            self._chunks.append(np.ctypeslib.as_array(wav, shape=(num_samples,)).copy())
-        return 0  # 0 = keep going
-
-    def synth(self, text: str, voice: Voice) -> np.ndarray:
-        """Synthesise in a forked child when the platform can fork, else here.
-
-        eSpeak keeps state between utterances (pitch flutter and filter phases in static variables that even
-        espeak_Terminate does not reset), so the same text and voice sound slightly different each call. A
-        child forked from the freshly initialised engine always starts from the same state: the samples are a
-        pure function of text and voice. A fork costs about a millisecond.
-        """
-        if not hasattr(os, "fork"):
-            return self._synth_here(text, voice)
-        with self.lock:
-            return _run_in_child(lambda: self._synth_here(text, voice, locked=True))
-
-    def _synth_here(self, text: str, voice: Voice, locked: bool = False) -> np.ndarray:
-        with contextlib.nullcontext() if locked else self.lock:
-            if self.lib.espeak_SetVoiceByName(voice.name.encode()) != _EE_OK:
-                raise InputError(f"eSpeak has no voice named {voice.name!r}; try one of {BASE_VOICES}")
-            for param, value in ((_PARAM_RATE, voice.rate), (_PARAM_PITCH, voice.pitch),
-                                 (_PARAM_RANGE, voice.pitch_range), (_PARAM_VOLUME, 100)):
-                self.lib.espeak_SetParameter(param, int(value), 0)
-            self.lib.espeak_ng_SetRandSeed(ctypes.c_long(_NOISE_SEED))  # eSpeak seeds its noise from the clock
-            self._chunks = []
-            data = text.encode("utf-8") + b"\0"
-            status = self.lib.espeak_Synth(data, len(data), 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
-            if status != _EE_OK:
-                raise SpeechSynthesisError(f"espeak_Synth failed with status {status} for text {text!r}")
-            chunks, self._chunks = self._chunks, []
-        return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
-
-
-def _run_in_child(make_pcm) -> np.ndarray:
-    """Run ``make_pcm`` (returning int16 samples) in a forked child and return what it produced.
-
-    The child sends one status byte and then the samples, or the error message of what it raised, which
-    is raised again here as the same kind of error.
-    """
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: compute, send, exit without running any of the parent's clean-up
+    def _start(self) -> None:
         try:
-            os.close(read_fd)
+            import espeakng_loader  # noqa: F401  (fail here, clearly, rather than in the worker)
+        except ImportError as exc:  # pragma: no cover - core dependency
+            raise SpeechSynthesisError("speech synthesis needs the package 'espeakng-loader'") from exc
+        worker = Path(__file__).with_name("_espeak_worker.py")  # run by path: it imports only numpy
+        self.process = subprocess.Popen([sys.executable, str(worker)], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE)
+        header = self.process.stdout.read(4)
+        if len(header) != 4:
+            raise SpeechSynthesisError("the eSpeak worker failed to start (see its error output above)")
+        self.native_rate = struct.unpack("<I", header)[0]
+
+    def speak(self, text: str, voice: Voice) -> tuple[np.ndarray, int]:
+        """int16 samples and their sample rate."""
+        with self.lock:
+            if self.process is None or self.process.poll() is not None:
+                self._start()
+            request = json.dumps({"text": text, "voice": voice.to_dict()}) + "\n"
             try:
-                payload = b"\0" + np.ascontiguousarray(make_pcm(), dtype=np.int16).tobytes()
-            except Exception as exc:  # noqa: BLE001 - forwarded to the parent
-                kind = b"\1" if isinstance(exc, InputError) else b"\2"
-                payload = kind + str(exc).encode()
-            with os.fdopen(write_fd, "wb") as pipe:
-                pipe.write(payload)
-        finally:
-            os._exit(0)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        payload = pipe.read()
-    os.waitpid(pid, 0)
-    if payload[:1] == b"\0":
-        return np.frombuffer(payload[1:], dtype=np.int16).copy()
-    message = payload[1:].decode(errors="replace") or "the eSpeak synthesis process died"
-    raise (InputError if payload[:1] == b"\1" else SpeechSynthesisError)(message)
+                self.process.stdin.write(request.encode())
+                self.process.stdin.flush()
+                status, length = struct.unpack("<BI", self._read(5))
+                payload = self._read(length)
+            except (BrokenPipeError, EOFError) as exc:
+                self.process = None
+                raise SpeechSynthesisError(f"the eSpeak worker died while speaking {text!r}") from exc
+        if status == STATUS_OK:
+            return np.frombuffer(payload, dtype="<i2").astype(np.int16), self.native_rate
+        message = payload.decode(errors="replace")
+        if status == STATUS_BAD_INPUT:
+            raise InputError(f"{message}; try one of {BASE_VOICES} with a variant such as '+f2'")
+        raise SpeechSynthesisError(f"eSpeak failed on {text!r}: {message}")
+
+    def _read(self, n: int) -> bytes:
+        data = self.process.stdout.read(n)
+        if len(data) != n:
+            raise EOFError
+        return data
 
 
-_ENGINE: _ESpeak | None = None
-_ENGINE_LOCK = threading.Lock()
-
-
-def _engine() -> _ESpeak:
-    global _ENGINE
-    with _ENGINE_LOCK:
-        if _ENGINE is None:
-            _ENGINE = _ESpeak()
-        return _ENGINE
+_WORKER = _SpeechWorker()
 
 
 def resample(audio: np.ndarray, orig_rate: int, new_rate: int = SAMPLE_RATE) -> np.ndarray:
@@ -197,9 +140,8 @@ def synthesize(text: str, voice: Voice | None = None, sample_rate: int = SAMPLE_
     """
     if not isinstance(text, str) or not text.strip():
         raise InputError(f"text to speak must be a non-empty string, got {text!r}")
-    engine = _engine()
-    pcm = engine.synth(text, voice or Voice())
-    audio = resample(pcm.astype(np.float32) / 32768.0, engine.native_rate, sample_rate)
+    pcm, native_rate = _WORKER.speak(text, voice or Voice())
+    audio = resample(pcm.astype(np.float32) / 32768.0, native_rate, sample_rate)
     audio = np.clip(audio, -1.0, 1.0).astype(np.float32)
     if not is_speech(audio, sample_rate):
         raise SpeechSynthesisError(f"eSpeak produced no speech for {text!r} with voice {voice}")
