@@ -63,7 +63,55 @@ def add_data_commands(sub) -> None:
     check.set_defaults(func=_cmd_data_check)
 
 
-COMMAND_GROUPS = [add_data_commands]
+def _cmd_codec_train(args) -> int:
+    from unimodal.paths import cache_root
+
+    out = args.out or str(cache_root() / "codecs" / args.modality)
+    if args.modality == "image":
+        from training.codec_image import ImageCodecTrainConfig, train_image_codec
+
+        cfg = ImageCodecTrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
+        train_image_codec(out, cfg, resume=args.resume)
+    else:
+        from training.codec_audio import AudioCodecTrainConfig, train_audio_codec
+
+        cfg = AudioCodecTrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
+        train_audio_codec(out, cfg, resume=args.resume)
+    print(out)
+    return 0
+
+
+def _cmd_codec_eval(args) -> int:
+    if args.modality == "image":
+        from training.codec_image import evaluate_image_codec as evaluate
+    else:
+        from training.codec_audio import evaluate_audio_codec as evaluate
+    report = evaluate(args.codec, n=args.n, out=args.out)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def add_codec_commands(sub) -> None:
+    codec = sub.add_parser("codec", help="train and evaluate the modality codecs").add_subparsers(
+        dest="codec_cmd", required=True)
+    train = codec.add_parser("train", help="train a codec from scratch (resumable)")
+    train.add_argument("modality", choices=["image", "audio"])
+    train.add_argument("--out", default=None, help="run folder (default: ~/.cache/unimodal/codecs/MODALITY); "
+                                                   "the trained codec lands in OUT/codec")
+    train.add_argument("--steps", type=int, default=2000)
+    train.add_argument("--batch-size", type=int, default=32)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    train.set_defaults(func=_cmd_codec_train)
+    evaluate = codec.add_parser("eval", help="measure a trained codec on held-out data")
+    evaluate.add_argument("modality", choices=["image", "audio"])
+    evaluate.add_argument("--codec", required=True, help="a codec folder (OUT/codec of a training run)")
+    evaluate.add_argument("--n", type=int, default=300, help="held-out samples per kind")
+    evaluate.add_argument("--out", default=None, help="folder for the JSON report and sample files")
+    evaluate.set_defaults(func=_cmd_codec_eval)
+
+
+COMMAND_GROUPS = [add_data_commands, add_codec_commands]
 
 
 def build_parser() -> argparse.ArgumentParser:

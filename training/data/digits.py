@@ -7,6 +7,8 @@ The split is a fixed permutation of the 1,797 digits by seed: 80% train, 10% val
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from PIL import Image
 
@@ -33,6 +35,7 @@ def render_digit(pixels_8x8: np.ndarray, size: int = IMAGE_SIZE) -> np.ndarray:
     return np.repeat(big[:, :, None], 3, axis=2)
 
 
+@lru_cache(maxsize=1)
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     from sklearn.datasets import load_digits
 
