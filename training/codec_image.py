@@ -123,3 +123,77 @@ def train_image_codec(out_dir: str | Path, cfg: ImageCodecTrainConfig | None = N
     codec = ImageCodec(model.eval())
     codec.save_pretrained(out_dir / "codec")
     return codec
+
+
+def _round_trip(codec: ImageCodec, images: np.ndarray, batch: int = 64) -> tuple[np.ndarray, torch.Tensor]:
+    recons, codes = [], []
+    for i in range(0, len(images), batch):
+        ids = codec.encode(images[i:i + batch])
+        codes.append(ids)
+        recons.append(codec.decode(ids))
+    return np.concatenate(recons), torch.cat(codes)
+
+
+def _psnr_uint8(a: np.ndarray, b: np.ndarray) -> float:
+    mse = ((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean(axis=(1, 2, 3))
+    return float(np.mean(10 * np.log10(255.0**2 / np.maximum(mse, 1e-10))))
+
+
+def heldout_images(n: int) -> dict[str, tuple[np.ndarray, list]]:
+    """Images the codec never trained on: scene test split (seed 0), digit test split, held-out photos."""
+    scene_samples = [scenes.make_sample(0, 2, i, False, speech=False) for i in range(n)]
+    digit_pixels, digit_labels = digits.load_digits_arrays()
+    test_idx = digits.split_indices(0)["test"][:n]
+    rng = np.random.default_rng(12345)
+    return {
+        "scenes": (np.stack([s.image for s in scene_samples]), [s.meta["attributes"] for s in scene_samples]),
+        "digits": (np.stack([digits.render_digit(digit_pixels[i]) for i in test_idx]), digit_labels[test_idx].tolist()),
+        "photos": (np.stack([photos.random_crop(rng, heldout=True) for _ in range(n)]), []),
+    }
+
+
+def _judged(kind: str, originals: np.ndarray, recons: np.ndarray, labels: list) -> dict:
+    from inference.judges import DigitJudge, SceneJudge
+
+    if kind == "scenes":
+        judge = SceneJudge()
+        ok = lambda images: float(np.mean([judge.score(im, a)["correct"] for im, a in zip(images, labels)]))  # noqa: E731
+    elif kind == "digits":
+        judge = DigitJudge()
+        ok = lambda images: float(np.mean(judge.predict(images) == np.asarray(labels)))  # noqa: E731
+    else:
+        return {}
+    return {"judged_original": ok(originals), "judged_reconstruction": ok(recons)}
+
+
+def save_comparison_grid(originals: np.ndarray, recons: np.ndarray, path: Path, columns: int = 12) -> None:
+    """A PNG with originals on odd rows and their reconstructions below them, 3x enlarged."""
+    from PIL import Image
+
+    k = min(len(originals), columns * 3)
+    rows = []
+    for start in range(0, k, columns):
+        for source in (originals, recons):
+            rows.append(np.concatenate(list(source[start:start + columns]), axis=1))
+    width = max(r.shape[1] for r in rows)
+    grid = np.concatenate([np.pad(r, ((0, 0), (0, width - r.shape[1]), (0, 0))) for r in rows], axis=0)
+    Image.fromarray(grid).resize((grid.shape[1] * 3, grid.shape[0] * 3), Image.NEAREST).save(path)
+
+
+def evaluate_image_codec(codec_dir: str | Path, n: int = 300, out: str | Path | None = None) -> dict:
+    """PSNR, codebook usage and judge accuracy (originals vs reconstructions) on held-out images."""
+    codec = ImageCodec.from_pretrained(codec_dir)
+    report, all_codes = {"codec": str(codec_dir), "n_per_kind": n, "codebook_size": codec.codebook_size}, []
+    for kind, (images, labels) in heldout_images(n).items():
+        recons, codes = _round_trip(codec, images)
+        all_codes.append(codes.flatten())
+        report[kind] = {"psnr_db": round(_psnr_uint8(images, recons), 2),
+                        "codes_used": int(codes.unique().numel()), **_judged(kind, images, recons, labels)}
+        if out is not None:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            save_comparison_grid(images, recons, Path(out) / f"image_codec_{kind}.png")
+    report["codebook_usage"] = round(torch.cat(all_codes).unique().numel() / codec.codebook_size, 3)
+    if out is not None:
+        with open(Path(out) / "image_codec_eval.json", "w") as f:
+            json.dump(report, f, indent=2)
+    return report
