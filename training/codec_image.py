@@ -95,6 +95,7 @@ def train_image_codec(out_dir: str | Path, cfg: ImageCodecTrainConfig | None = N
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"]
+        torch.set_rng_state(state["torch_rng"])  # dead-code restarts draw from it
     finetune_from = int(cfg.steps * (1 - cfg.decoder_finetune_fraction))
     model.train()
     if start >= finetune_from:
@@ -119,7 +120,7 @@ def train_image_codec(out_dir: str | Path, cfg: ImageCodecTrainConfig | None = N
                         alive=f"{model.quantize.usage():.2f}", img_s=f"{len(pixels) / (time.perf_counter() - t0):.1f}")
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             save_atomic({"config": asdict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "step": step + 1}, ckpt_path)
+                         "step": step + 1, "torch_rng": torch.get_rng_state()}, ckpt_path)
     codec = ImageCodec(model.eval())
     codec.save_pretrained(out_dir / "codec")
     return codec
