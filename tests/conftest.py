@@ -17,3 +17,21 @@ def tiny_scenes(tmp_path_factory):
     from training.data.build import build
 
     return build("scenes", n=40, seed=0, out=tmp_path_factory.mktemp("data") / "scenes", progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_codec_dir(tmp_path_factory):
+    """text/, image/, audio/ codecs small enough for tests: a BPE fitted on captions, untrained tiny VQs."""
+    import torch
+
+    from tokenizers_mm.audio import AudioCodec, AudioVQModel
+    from tokenizers_mm.image import ImageCodec, ImageVQModel
+    from tokenizers_mm.text import TextCodec, caption_corpus
+
+    root = tmp_path_factory.mktemp("codecs")
+    torch.manual_seed(0)
+    TextCodec.train(caption_corpus()[::20], vocab_size=300).save_pretrained(root / "text")
+    ImageCodec(ImageVQModel(block_out_channels=(8, 8, 16, 16), norm_num_groups=4, latent_channels=8,
+                            vq_embed_dim=4, num_vq_embeddings=32)).save_pretrained(root / "image")
+    AudioCodec(AudioVQModel(encoder_channels=16, decoder_channels=16, embed_dim=8, num_codes=32)).save_pretrained(root / "audio")
+    return root

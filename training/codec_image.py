@@ -84,7 +84,9 @@ def train_image_codec(out_dir: str | Path, cfg: ImageCodecTrainConfig | None = N
     ckpt_path = out_dir / "checkpoint.pt"
     if resume and ckpt_path.exists():
         state = load_checkpoint(ckpt_path)
-        cfg = ImageCodecTrainConfig(**state["config"])
+        # the run's own config, except a new total step count (to lengthen or shorten a run)
+        steps = cfg.steps if cfg is not None else state["config"]["steps"]
+        cfg = ImageCodecTrainConfig(**{**state["config"], "steps": steps})
     else:
         cfg, state = cfg or ImageCodecTrainConfig(), None
     torch.manual_seed(cfg.seed)
@@ -95,7 +97,8 @@ def train_image_codec(out_dir: str | Path, cfg: ImageCodecTrainConfig | None = N
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"]
-        torch.set_rng_state(state["torch_rng"])  # dead-code restarts draw from it
+        if "torch_rng" in state:  # dead-code restarts draw from it
+            torch.set_rng_state(state["torch_rng"])
     finetune_from = int(cfg.steps * (1 - cfg.decoder_finetune_fraction))
     model.train()
     if start >= finetune_from:

@@ -67,7 +67,11 @@ def _cmd_codec_train(args) -> int:
     from unimodal.paths import cache_root
 
     out = args.out or str(cache_root() / "codecs" / args.modality)
-    if args.modality == "image":
+    if args.modality == "text":
+        from tokenizers_mm.text import TextCodec, default_corpus
+
+        TextCodec.train(default_corpus(seed=args.seed)).save_pretrained(f"{out}/codec")
+    elif args.modality == "image":
         from training.codec_image import ImageCodecTrainConfig, train_image_codec
 
         cfg = ImageCodecTrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
@@ -95,7 +99,7 @@ def add_codec_commands(sub) -> None:
     codec = sub.add_parser("codec", help="train and evaluate the modality codecs").add_subparsers(
         dest="codec_cmd", required=True)
     train = codec.add_parser("train", help="train a codec from scratch (resumable)")
-    train.add_argument("modality", choices=["image", "audio"])
+    train.add_argument("modality", choices=["text", "image", "audio"])
     train.add_argument("--out", default=None, help="run folder (default: ~/.cache/unimodal/codecs/MODALITY); "
                                                    "the trained codec lands in OUT/codec")
     train.add_argument("--steps", type=int, default=2000)
@@ -147,7 +151,15 @@ def add_judge_commands(sub) -> None:
     judges.set_defaults(func=_cmd_judges)
 
 
-COMMAND_GROUPS = [add_data_commands, add_codec_commands, add_judge_commands]
+def add_train_command(sub) -> None:
+    from training.train import add_arguments, run_from_args
+
+    train = sub.add_parser("train", help="train the model (masked diffusion over the shared token space)")
+    add_arguments(train)
+    train.set_defaults(func=run_from_args)
+
+
+COMMAND_GROUPS = [add_data_commands, add_codec_commands, add_judge_commands, add_train_command]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,498 @@
+"""The denoiser: one DiT over the shared token vocabulary, for every modality at once.
+
+The model never sees the masking schedule. It reads a packed sequence (``ids``, ``segment_ids``,
+``positions`` from :mod:`tokenizers_mm.layout`), a mask ratio ``t`` per sample and an ``is_target`` flag per
+token, and returns per-token logits over the shared vocabulary plus one critic logit per token.
+
+Two choices make the condition cache exact rather than approximate:
+
+* attention: a target sees every real token; a condition sees only conditions;
+* adaLN conditioning is per token: conditions are modulated by the embedding of ``t = 0`` (they are clean),
+  targets by the embedding of their sample's ``t``.
+
+So a condition token's hidden states depend on the conditions alone, and their keys/values can be computed
+once (:meth:`DiT.encode_condition`) and reused at every sampling step (:meth:`DiT.forward_targets`).
+
+Positions are ``(B, L, 2)``: the first half of each head is rotated by ``pos[..., 0]``, the second half by
+``pos[..., 1]`` (2-D RoPE for images; plain 1-D RoPE for text/audio, whose positions are ``(i, i)``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.modeling_utils import ModelMixin
+from diffusers.utils import BaseOutput
+from torch import nn
+
+from unimodal.errors import InputError
+
+try:  # optional, GPU only: used when importable and the tensors are on CUDA
+    from xformers.ops import memory_efficient_attention
+except Exception:  # noqa: BLE001 - a broken xformers install must not break the model
+    memory_efficient_attention = None
+
+# Size presets. "small" is the default model, trained on a 2-core CPU for a few hours; "base" is for GPUs.
+PRESETS = {
+    "tiny": dict(hidden_size=64, num_layers=2, num_heads=4, critic_hidden=32),
+    "small": dict(hidden_size=384, num_layers=8, num_heads=6, critic_hidden=128),
+    "base": dict(hidden_size=768, num_layers=12, num_heads=12, critic_hidden=256),
+}
+
+T_SCALE = 1000.0  # t in [0, 1] is embedded like a DiT timestep in [0, 1000]
+FREQUENCY_EMBEDDING_SIZE = 256
+
+
+# ---- outputs and the condition cache ----------------------------------------------------------------------
+
+
+@dataclass
+class DiTOutput(BaseOutput):
+    """``logits`` (B, L, V) float32, ``critic`` (B, L) float32 plausibility logits, ``hidden`` (B, L, D)."""
+
+    logits: torch.Tensor
+    critic: torch.Tensor
+    hidden: torch.Tensor | None = None
+
+
+@dataclass(eq=False)
+class ConditionCache:
+    """Per layer, the condition tokens' keys and values (after RoPE), each (B, H, L_cond, head_dim), and the
+    condition padding mask ``attention_mask`` (B, L_cond), True at real condition tokens."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    attention_mask: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.attention_mask.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.attention_mask.shape[1]
+
+    def _map(self, fn) -> "ConditionCache":
+        return ConditionCache(tuple(fn(k) for k in self.keys), tuple(fn(v) for v in self.values),
+                              fn(self.attention_mask))
+
+    def repeat_interleave(self, repeats: int | torch.Tensor) -> "ConditionCache":
+        """Each sample repeated ``repeats`` times along the batch (several targets per condition)."""
+        return self._map(lambda x: x.repeat_interleave(repeats, dim=0))
+
+    def index_select(self, index: torch.Tensor) -> "ConditionCache":
+        return self._map(lambda x: x.index_select(0, index.to(x.device)))
+
+    def to(self, device: torch.device | str) -> "ConditionCache":
+        return self._map(lambda x: x.to(device))
+
+    def padded_to(self, length: int) -> "ConditionCache":
+        """The same cache with masked-out slots appended up to ``length`` condition tokens."""
+        extra = length - self.length
+        if extra < 0:
+            raise InputError(f"cannot pad a condition cache of {self.length} tokens to {length}")
+        return self._map(lambda x: F.pad(x, (0, 0, 0, extra)) if x.dim() == 4 else F.pad(x, (0, extra)))
+
+    @staticmethod
+    def cat(caches: Sequence["ConditionCache"]) -> "ConditionCache":
+        """Concatenate along the batch, padding shorter conditions (e.g. a conditional and an empty CFG pass)."""
+        if not caches:
+            raise InputError("ConditionCache.cat needs at least one cache")
+        if len({len(c.keys) for c in caches}) != 1:
+            raise InputError("cannot concatenate condition caches from models of different depths")
+        longest = max(c.length for c in caches)
+        padded = [c.padded_to(longest) for c in caches]
+        layers = range(len(caches[0].keys))
+        return ConditionCache(tuple(torch.cat([c.keys[i] for c in padded]) for i in layers),
+                              tuple(torch.cat([c.values[i] for c in padded]) for i in layers),
+                              torch.cat([c.attention_mask for c in padded]))
+
+
+# ---- small functions ----------------------------------------------------------------------------------------
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale) + shift
+
+
+def per_token(modulation: torch.Tensor, is_target: torch.Tensor) -> torch.Tensor:
+    """(B, 2, M) rows [for t = 0, for the sample's t] -> (B, L, M): the second row at targets, the first elsewhere."""
+    return torch.where(is_target[..., None], modulation[:, 1:], modulation[:, :1])
+
+
+def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal embedding (B,) -> (B, dim), as in facebookresearch/DiT."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = t.float()[:, None] * freqs[None]  # (B, half)
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)  # (B, dim)
+
+
+def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L, 2) positions -> cos, sin, each (B, 1, L, head_dim) float32.
+
+    Head layout: [row half | col half], each half a rotate-half RoPE of its axis, so the angles read
+    [a_row, a_row, a_col, a_col] over the four quarters of the head.
+    """
+    quarter = head_dim // 4
+    freqs = theta ** (-torch.arange(quarter, dtype=torch.float32, device=positions.device) / quarter)
+    angles = positions.float()[..., None] * freqs  # (B, L, 2, quarter)
+    angles = torch.cat([angles, angles], dim=-1).flatten(-2)  # (B, L, head_dim)
+    return angles.cos()[:, None], angles.sin()[:, None]  # (B, 1, L, head_dim) each
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, L, head_dim) queries or keys; computed in float32, returned in x's dtype."""
+    first, second = x.float().unflatten(-1, (2, 2, -1)).unbind(-2)  # (B, H, L, 2, quarter) each
+    rotated = torch.stack([-second, first], dim=-2).flatten(-3)  # (B, H, L, head_dim)
+    return (x.float() * cos + rotated * sin).to(x.dtype)
+
+
+def attention_visibility(is_target: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, 1, L, L) bool: query i sees key j iff j is real and (i is a target or j is a condition)."""
+    length = is_target.shape[1]
+    visible = attention_mask[:, None, :] & (is_target[:, :, None] | ~is_target[:, None, :])  # (B, L, L)
+    # Every token sees itself: a padding query would otherwise have no key, and SDPA would return NaN.
+    visible = visible | torch.eye(length, dtype=torch.bool, device=is_target.device)
+    return visible[:, None]  # (B, 1, L, L)
+
+
+def target_visibility(cond_mask: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:
+    """(B, 1, L_t, L_c + L_t) bool: targets see the real conditions, the real targets and themselves."""
+    cond_len, target_len = cond_mask.shape[1], target_mask.shape[1]
+    keys_real = torch.cat([cond_mask, target_mask], dim=1)  # (B, L_c + L_t)
+    itself = torch.eye(target_len, dtype=torch.bool, device=target_mask.device)  # (L_t, L_t)
+    itself = torch.cat([itself.new_zeros(target_len, cond_len), itself], dim=1)  # (L_t, L_c + L_t)
+    return (keys_real[:, None, :] | itself)[:, None]  # (B, 1, L_t, L_c + L_t)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Attention of (B, H, Lq, hd) queries over (B, H, Lk, hd) keys/values; ``visible`` (B, 1, Lq, Lk) bool."""
+    if memory_efficient_attention is not None and q.is_cuda:
+        return _xformers_attend(q, k, v, visible)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+
+
+def _xformers_attend(q, k, v, visible):
+    batch, heads, query_len, key_len = *q.shape[:3], k.shape[2]
+    # xformers wants the bias's last dimension 8-aligned in memory: slice it out of a wider tensor.
+    aligned = -(-key_len // 8) * 8
+    bias = q.new_zeros(batch, heads, query_len, aligned)[..., :key_len]  # (B, H, Lq, Lk)
+    bias.masked_fill_(~visible, float("-inf"))
+    out = memory_efficient_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias)
+    return out.transpose(1, 2)  # (B, H, Lq, hd)
+
+
+# ---- parts ----------------------------------------------------------------------------------------------------
+
+
+class TimestepEmbedder(nn.Module):
+    """Mask ratio t in [0, 1] -> (B, D): sinusoidal features of ``t * 1000``, then an MLP."""
+
+    def __init__(self, hidden_size: int, frequency_embedding_size: int = FREQUENCY_EMBEDDING_SIZE):
+        super().__init__()
+        self.frequency_embedding_size = frequency_embedding_size
+        self.mlp = nn.Sequential(nn.Linear(frequency_embedding_size, hidden_size), nn.SiLU(),
+                                 nn.Linear(hidden_size, hidden_size))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        features = timestep_embedding(t * T_SCALE, self.frequency_embedding_size)  # (B, 256) float32
+        return self.mlp(features.to(self.mlp[0].weight.dtype))  # (B, D); weights may be bf16 for inference
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden_size: int, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.proj = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, x, rope, visible, past=None):
+        """x (B, L, D) -> (B, L, D) and this call's (keys, values) (B, H, L, hd) after RoPE.
+
+        ``past``: cached (keys, values) of condition tokens, prepended to this call's keys and values.
+        """
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, -1)).permute(2, 0, 3, 1, 4)  # (B, H, L, hd) x3
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # (B, H, L, hd)
+        keys, values = k, v
+        if past is not None:
+            keys = torch.cat([past[0].to(k.dtype), k], dim=2)  # (B, H, L_c + L, hd)
+            values = torch.cat([past[1].to(v.dtype), v], dim=2)  # (B, H, L_c + L, hd)
+        out = attend(q, keys, values, visible)  # (B, H, L, hd)
+        return self.proj(out.transpose(1, 2).flatten(2)), (k, v)  # (B, L, D)
+
+
+class DiTBlock(nn.Module):
+    """Pre-norm attention + MLP with adaLN-Zero: shift/scale/gate per branch, zero-initialised gates."""
+
+    def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float, dropout: float, norm_eps: float):
+        super().__init__()
+        mlp_hidden = int(hidden_size * mlp_ratio)
+        self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
+        self.attn = Attention(hidden_size, num_heads)
+        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
+        self.mlp = nn.Sequential(nn.Linear(hidden_size, mlp_hidden), nn.GELU(approximate="tanh"),
+                                 nn.Linear(mlp_hidden, hidden_size))
+        self.dropout = nn.Dropout(dropout)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
+
+    def forward(self, x, c_pair, is_target, rope, visible, past=None):
+        """x (B, L, D), c_pair (B, 2, D) -> x (B, L, D) and (keys, values) of this layer."""
+        mods = per_token(self.adaLN_modulation(c_pair), is_target).chunk(6, dim=-1)  # 6 x (B, L, D)
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
+        attn_out, kv = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), rope, visible, past)  # (B, L, D)
+        x = x + gate_msa * self.dropout(attn_out)  # (B, L, D)
+        mlp_out = self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))  # (B, L, D)
+        return x + gate_mlp * self.dropout(mlp_out), kv  # (B, L, D)
+
+
+class FinalLayer(nn.Module):
+    """Norm + adaLN shift/scale; the projection to the vocabulary is the tied token embedding."""
+
+    def __init__(self, hidden_size: int, norm_eps: float):
+        super().__init__()
+        self.norm_final = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
+
+    def forward(self, x, c_pair, is_target):
+        shift, scale = per_token(self.adaLN_modulation(c_pair), is_target).chunk(2, dim=-1)  # (B, L, D) x2
+        return modulate(self.norm_final(x), shift, scale)  # (B, L, D)
+
+
+# ---- the model --------------------------------------------------------------------------------------------------
+
+
+class DiT(ModelMixin, ConfigMixin):
+    """Masked-diffusion transformer over the shared vocabulary; see the module docstring.
+
+    ``forward(ids, t, segment_ids, positions, is_target, attention_mask=None) -> DiTOutput``.
+    """
+
+    @register_to_config
+    def __init__(self, vocab_size: int, hidden_size: int = 384, num_layers: int = 8, num_heads: int = 6,
+                 mlp_ratio: float = 4.0, num_segments: int = 4, rope_theta: float = 10000.0,
+                 critic_hidden: int = 128, dropout: float = 0.0, norm_eps: float = 1e-6,
+                 use_output_bias: bool = True):
+        super().__init__()
+        _check_config(vocab_size, hidden_size, num_layers, num_heads, num_segments, critic_hidden)
+        self.token_embedding = nn.Embedding(vocab_size, hidden_size)
+        self.segment_embedding = nn.Embedding(num_segments, hidden_size)
+        self.t_embedder = TimestepEmbedder(hidden_size)
+        self.blocks = nn.ModuleList(DiTBlock(hidden_size, num_heads, mlp_ratio, dropout, norm_eps)
+                                    for _ in range(num_layers))
+        self.final_layer = FinalLayer(hidden_size, norm_eps)
+        self.output_bias = nn.Parameter(torch.zeros(vocab_size)) if use_output_bias else None
+        self.critic_head = nn.Sequential(nn.Linear(hidden_size, critic_hidden), nn.GELU(approximate="tanh"),
+                                         nn.Linear(critic_hidden, 1))
+        self.initialize_weights()
+
+    @classmethod
+    def from_preset(cls, name: str, vocab_size: int, **overrides) -> "DiT":
+        """A fresh model of a size in :data:`PRESETS`; ``overrides`` replace any config argument."""
+        if name not in PRESETS:
+            raise InputError(f"unknown DiT preset {name!r}; known presets: {', '.join(PRESETS)}")
+        unknown = set(overrides) - set(inspect.signature(cls.__init__).parameters)
+        if unknown:
+            raise InputError(f"unknown DiT config arguments {sorted(unknown)}; accepted: {_config_names()}")
+        return cls(vocab_size=vocab_size, **{**PRESETS[name], **overrides})
+
+    def initialize_weights(self) -> None:
+        """DiT's scheme: xavier linears, zero biases, N(0, 0.02) embeddings, zero adaLN (blocks start as identity)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+        for embedding in (self.token_embedding, self.segment_embedding):
+            nn.init.normal_(embedding.weight, std=0.02)
+        for layer in (self.t_embedder.mlp[0], self.t_embedder.mlp[2]):
+            nn.init.normal_(layer.weight, std=0.02)
+        for block in [*self.blocks, self.final_layer]:
+            nn.init.zeros_(block.adaLN_modulation[-1].weight)
+            nn.init.zeros_(block.adaLN_modulation[-1].bias)
+        nn.init.zeros_(self.critic_head[-1].weight)  # critic starts undecided: logit 0 everywhere
+
+    # ---- shared pieces ----
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.hidden_size // self.config.num_heads
+
+    def embed(self, ids: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
+        return self.token_embedding(ids) + self.segment_embedding(segment_ids)  # (B, L, D)
+
+    def condition_pair(self, t: torch.Tensor) -> torch.Tensor:
+        """(B,) -> (B, 2, D): the embedding of t = 0 (for condition tokens) and of each sample's t (targets)."""
+        both = torch.stack([torch.zeros_like(t), t], dim=1)  # (B, 2)
+        return self.t_embedder(both.flatten()).unflatten(0, (t.shape[0], 2))  # (B, 2, D)
+
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotary_cos_sin(positions, self.head_dim, self.config.rope_theta)  # (B, 1, L, hd) x2
+
+    def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Tied head in float32 even under autocast: logits feed a softmax / cross-entropy."""
+        bias = None if self.output_bias is None else self.output_bias.float()
+        with torch.autocast(hidden.device.type, enabled=False):
+            return F.linear(hidden.float(), self.token_embedding.weight.float(), bias)  # (B, L, V)
+
+    def heads(self, x, c_pair, is_target) -> DiTOutput:
+        hidden = self.final_layer(x, c_pair, is_target)  # (B, L, D)
+        logits = self.output_logits(hidden)  # (B, L, V)
+        critic = self.critic_head(hidden).squeeze(-1).float()  # (B, L)
+        return DiTOutput(logits=logits, critic=critic, hidden=hidden)
+
+    # ---- entry points ----
+
+    def forward(self, ids, t, segment_ids, positions, is_target, attention_mask=None) -> DiTOutput:
+        """ids/segment_ids (B, L) long, t (B,) mask ratio, positions (B, L, 2), is_target (B, L) bool,
+        attention_mask (B, L) bool, True at real tokens (None: all real)."""
+        attention_mask = self._check_sequence(ids, segment_ids, positions, attention_mask)
+        _check_bool("is_target", is_target, ids.shape)
+        _check_t(t, ids.shape[0])
+        x = self.embed(ids, segment_ids)  # (B, L, D)
+        c_pair = self.condition_pair(t)  # (B, 2, D)
+        rope = self.rotary(positions)  # (B, 1, L, hd) x2
+        visible = attention_visibility(is_target, attention_mask)  # (B, 1, L, L)
+        for block in self.blocks:
+            x, _ = block(x, c_pair, is_target, rope, visible)  # (B, L, D)
+        return self.heads(x, c_pair, is_target)
+
+    def encode_condition(self, ids, segment_ids, positions, attention_mask=None) -> ConditionCache:
+        """Run the condition tokens alone (they only see each other) and keep each layer's keys/values."""
+        attention_mask = self._check_sequence(ids, segment_ids, positions, attention_mask)
+        if ids.shape[1] == 0:
+            return self.empty_condition(ids.shape[0], device=ids.device)
+        is_target = torch.zeros_like(attention_mask)  # (B, L)
+        x = self.embed(ids, segment_ids)  # (B, L, D)
+        c_pair = self.condition_pair(torch.zeros(ids.shape[0], device=ids.device))  # (B, 2, D)
+        rope = self.rotary(positions)  # (B, 1, L, hd) x2
+        visible = attention_visibility(is_target, attention_mask)  # (B, 1, L, L)
+        keys, values = [], []
+        for block in self.blocks:
+            x, (k, v) = block(x, c_pair, is_target, rope, visible)  # (B, L, D), (B, H, L, hd) x2
+            keys.append(k)
+            values.append(v)
+        return ConditionCache(tuple(keys), tuple(values), attention_mask)
+
+    def forward_targets(self, ids, t, segment_ids, positions, cache: ConditionCache,
+                        attention_mask=None) -> DiTOutput:
+        """Run only the target tokens; their queries attend to [cached condition K/V ; their own K/V].
+
+        Equals :meth:`forward` on the conditions followed by these targets (``is_target`` True on them).
+        """
+        attention_mask = self._check_sequence(ids, segment_ids, positions, attention_mask)
+        _check_t(t, ids.shape[0])
+        self._check_cache(cache, ids.shape[0])
+        is_target = torch.ones_like(attention_mask)  # (B, L_t)
+        x = self.embed(ids, segment_ids)  # (B, L_t, D)
+        c_pair = self.condition_pair(t)  # (B, 2, D)
+        rope = self.rotary(positions)  # (B, 1, L_t, hd) x2
+        visible = target_visibility(cache.attention_mask.to(ids.device), attention_mask)  # (B, 1, L_t, L_c+L_t)
+        for block, k, v in zip(self.blocks, cache.keys, cache.values):
+            x, _ = block(x, c_pair, is_target, rope, visible, past=(k, v))  # (B, L_t, D)
+        return self.heads(x, c_pair, is_target)
+
+    def empty_condition(self, batch_size: int, device=None) -> ConditionCache:
+        """A cache of zero condition tokens (an unconditional pass, e.g. for classifier-free guidance)."""
+        device = self.device if device is None else device
+        shape = (batch_size, self.config.num_heads, 0, self.head_dim)
+        empty = tuple(torch.zeros(shape, device=device, dtype=self.dtype) for _ in self.blocks)
+        return ConditionCache(empty, empty, torch.zeros(batch_size, 0, dtype=torch.bool, device=device))
+
+    # ---- input checks ----
+
+    def _check_sequence(self, ids, segment_ids, positions, attention_mask) -> torch.Tensor:
+        """Checks shapes, dtypes and ranges; returns the attention mask (all True when None)."""
+        _check_integer("ids", ids, None, dim=2)
+        _check_integer("segment_ids", segment_ids, ids.shape)
+        _check_integer("positions", positions, (*ids.shape, 2))
+        if attention_mask is None:
+            attention_mask = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+        _check_bool("attention_mask", attention_mask, ids.shape)
+        _check_range("ids", ids, 0, self.config.vocab_size)
+        _check_range("segment_ids", segment_ids, 0, self.config.num_segments)
+        _check_range("positions", positions, 0, None)
+        return attention_mask
+
+    def _check_cache(self, cache: ConditionCache, batch_size: int) -> None:
+        if not isinstance(cache, ConditionCache):
+            raise InputError(f"cache must be a ConditionCache (from encode_condition), got {type(cache).__name__}")
+        if len(cache.keys) != self.config.num_layers or cache.batch_size != batch_size:
+            raise InputError(f"the condition cache holds {len(cache.keys)} layers for {cache.batch_size} samples; "
+                             f"this model has {self.config.num_layers} layers and the targets {batch_size} samples")
+
+
+# ---- helpers: config, checks, FLOPs ----------------------------------------------------------------------------
+
+
+def _config_names() -> list[str]:
+    return [name for name in inspect.signature(DiT.__init__).parameters if name != "self"]
+
+
+def _check_config(vocab_size, hidden_size, num_layers, num_heads, num_segments, critic_hidden) -> None:
+    for name, value in dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers,
+                            num_heads=num_heads, num_segments=num_segments, critic_hidden=critic_hidden).items():
+        if not isinstance(value, int) or value < 1:
+            raise InputError(f"DiT {name} must be a positive int, got {value!r}")
+    if hidden_size % num_heads or (hidden_size // num_heads) % 4:
+        raise InputError(f"hidden_size ({hidden_size}) / num_heads ({num_heads}) must be an int divisible by 4 "
+                         f"(2-D rotary embedding rotates pairs in each half of a head)")
+
+
+def _check_integer(name, tensor, shape, dim=None) -> None:
+    if not isinstance(tensor, torch.Tensor) or tensor.is_floating_point() or tensor.is_complex() \
+            or tensor.dtype == torch.bool:
+        kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise InputError(f"{name} must be an integer tensor, got {kind}")
+    if (dim is not None and tensor.dim() != dim) or (shape is not None and tuple(tensor.shape) != tuple(shape)):
+        expected = f"{dim}-D (B, L)" if shape is None else str(tuple(shape))
+        raise InputError(f"{name} must have shape {expected}, got {tuple(tensor.shape)}")
+
+
+def _check_bool(name, tensor, shape) -> None:
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.bool:
+        kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise InputError(f"{name} must be a bool tensor, got {kind}")
+    if tuple(tensor.shape) != tuple(shape):
+        raise InputError(f"{name} must have shape {tuple(shape)}, got {tuple(tensor.shape)}")
+
+
+def _check_range(name, tensor, low, high) -> None:
+    if tensor.numel() == 0:
+        return
+    if tensor.min() < low or (high is not None and tensor.max() >= high):
+        allowed = f"[{low}, {high})" if high is not None else f">= {low}"
+        raise InputError(f"{name} must lie in {allowed}, got values from {int(tensor.min())} to {int(tensor.max())}")
+
+
+def _check_t(t, batch_size) -> None:
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or tuple(t.shape) != (batch_size,):
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise InputError(f"t must be a float tensor of shape ({batch_size},) (one mask ratio per sample), got {got}")
+    if t.numel() and not bool(((t >= 0) & (t <= 1)).all()):
+        raise InputError(f"t is a mask ratio and must lie in [0, 1], got {t.tolist()[:8]}")
+
+
+def flops_per_token(config: Mapping | DiT, seq_len: int) -> int:
+    """Approximate forward FLOPs per token (x3 for forward + backward), for MFU.
+
+    2 x the weights every token passes through (attention and MLP linears, critic), + attention scores and
+    mixing (2 x 2 x seq_len x D per layer) + the tied output head (2 x D x V). The adaLN and t-embedder
+    weights are left out: they run on two vectors per sample, not per token.
+    """
+    config = dict(getattr(config, "config", config))
+    defaults = {k: p.default for k, p in inspect.signature(DiT.__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    config = {**defaults, **config}
+    width, layers, vocab = config["hidden_size"], config["num_layers"], config["vocab_size"]
+    mlp_hidden = int(width * config["mlp_ratio"])
+    per_layer = 4 * width * width + 2 * width * mlp_hidden  # qkv + proj + MLP weights
+    critic = width * config["critic_hidden"] + config["critic_hidden"]
+    dense = 2 * (layers * per_layer + critic)
+    attention = layers * 2 * 2 * seq_len * width
+    return int(dense + attention + 2 * width * vocab)

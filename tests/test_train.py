@@ -1,0 +1,160 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from backbone.dit import DiT
+from tokenizers_mm.layout import MASK
+from training.objective import mask_targets, masked_diffusion_loss
+from training.schedule import MaskSchedule
+from training.tasks import Task, TaskMixture, build_example, collate_examples
+from training.tokens import CodecStack, tokenized_split
+from training.train import TrainConfig, global_batch_indices, step_loss, train
+from unimodal.errors import InputError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_stratified_mask_ratios_cover_the_interval():
+    t = MaskSchedule(min_ratio=0.01).sample(1000, torch.Generator().manual_seed(0))
+    assert t.min() >= 0.01 and t.max() <= 1.0
+    counts = torch.histc(t, bins=10, min=0.01, max=1.0)
+    assert counts.min() >= 95 and counts.max() <= 105  # evenly spread, not merely uniform on average
+    assert torch.allclose(MaskSchedule.weight(torch.tensor([0.5, 0.25])), torch.tensor([2.0, 4.0]))
+
+
+def test_mask_targets_masks_only_maskable_at_rate_t():
+    ids = torch.arange(20_000).reshape(2, 10_000) % 50 + 100
+    maskable = torch.zeros_like(ids, dtype=torch.bool)
+    maskable[:, :5000] = True
+    out = mask_targets(ids, maskable, torch.tensor([0.2, 0.9]), torch.Generator().manual_seed(0))
+    assert not out.masked[:, 5000:].any()
+    assert torch.equal(out.noisy_ids[out.masked], torch.full_like(out.noisy_ids[out.masked], MASK))
+    assert torch.equal(out.noisy_ids[~out.masked], ids[~out.masked])
+    rates = out.masked[:, :5000].float().mean(dim=1)
+    assert abs(rates[0] - 0.2) < 0.02 and abs(rates[1] - 0.9) < 0.02
+
+
+def test_loss_is_ce_over_masked_weighted_by_inverse_t():
+    vocab, t = 7, torch.tensor([0.5])
+    ids = torch.tensor([[3, 4, 5, 6]])
+    maskable = torch.tensor([[False, True, True, True]])
+    masked = mask_targets(ids, maskable, t, torch.Generator().manual_seed(3))
+    masked.masked = torch.tensor([[False, True, False, True]])  # fix the draw: 2 of 3 maskable masked
+    uniform = torch.zeros(1, 4, vocab)
+    expected = 2 * np.log(vocab) / 0.5 / 3  # two masked CE of log V, weight 1/t, per maskable token
+    assert masked_diffusion_loss(uniform, masked).item() == pytest.approx(expected, rel=1e-6)
+    perfect = torch.full((1, 4, vocab), -30.0)
+    perfect[0, torch.arange(4), ids[0]] = 30.0
+    assert masked_diffusion_loss(perfect, masked).item() < 1e-6
+
+
+def test_task_parsing_and_mixture():
+    assert Task.parse("text+audio->image").conditions == ("text", "audio")
+    with pytest.raises(InputError):
+        Task.parse("image->image")
+    mixture = TaskMixture({"text->image": 1.0, "->audio": 1.0})
+    rng = np.random.default_rng(0)
+    assert {mixture.choose(rng, frozenset({"text", "image"})).name for _ in range(20)} == {"text->image"}
+    with pytest.raises(InputError, match="no task"):
+        mixture.choose(rng, frozenset({"text"}))
+
+
+def test_examples_mark_targets_and_slots(tiny_codec_dir):
+    layout = CodecStack.load(tiny_codec_dir).layout
+    tokens = {"text": torch.tensor([1, 2, 3]), "image": torch.arange(64) % 32}
+    example = build_example(layout, tokens, Task.parse("text->image"))
+    text_len = 1 + 3 + 1  # BOT, content, EOT
+    assert not example.is_target[:text_len].any() and example.is_target[text_len:].all()
+    assert example.maskable.sum() == 64  # image codes only: markers are never generated
+    reverse = build_example(layout, tokens, Task.parse("image->text"))
+    assert reverse.maskable.sum() == layout.max_text_len + 1  # content, EOT and PAD filler: lengths are learned
+    dropped = build_example(layout, tokens, Task.parse("text->image"), drop_condition=True)
+    assert dropped.task == "->image" and len(dropped.packed) == 66
+
+
+def test_global_batches_are_epochs_of_permutations():
+    cfg = TrainConfig(batch_size=4, seed=1)
+    seen = np.concatenate([global_batch_indices(10, cfg, s) for s in range(5)])  # 20 draws = 2 epochs
+    assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:]) == list(range(10))
+    assert np.array_equal(global_batch_indices(10, cfg, 3), global_batch_indices(10, cfg, 3))
+
+
+def test_overfitting_a_tiny_batch(tiny_codec_dir):
+    """The objective and the backbone together can memorise: same batch, same masks, loss goes to ~0."""
+    torch.manual_seed(0)
+    layout = CodecStack.load(tiny_codec_dir).layout
+    rng = np.random.default_rng(0)
+    samples = [{"text": torch.tensor([i + 1, i + 5]), "image": torch.from_numpy(rng.integers(0, 32, 64))} for i in range(4)]
+    batch = collate_examples([build_example(layout, s, Task.parse("text->image")) for s in samples])
+    model = DiT.from_preset("tiny", layout.vocab_size)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    t = torch.full((4,), 0.5)
+    first = None
+    for _ in range(150):
+        loss, acc = step_loss(model, batch, MaskSchedule(), torch.Generator().manual_seed(0), t=t)
+        first = first if first is not None else loss.item()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert first > 3.0 and loss.item() < 0.05 and acc.item() == 1.0
+
+
+def _tiny_cfg(**kw):
+    base = dict(preset="tiny", steps=4, batch_size=4, warmup=1, val_every=2, val_samples=2, checkpoint_every=2,
+                bf16=False)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_train_writes_model_and_resumes_exactly_after_a_kill(tiny_codec_dir, tiny_scenes, tmp_path, monkeypatch):
+    import training.train as tr
+
+    straight = train(tmp_path / "a", [str(tiny_scenes)], tiny_codec_dir, _tiny_cfg(), progress=False)
+    for part in ("backbone/config.json", "layout.json", "text", "image", "audio", "training_config.json"):
+        assert (straight / part).exists(), part
+    history = json.loads((tmp_path / "a" / "history.json").read_text())
+    assert [h["step"] for h in history] == [1, 2, 3, 4] and set(history[1]["val"]) >= {"text->image", "image->text"}
+    assert (tmp_path / "a" / "val_loss.png").exists()
+
+    real = tr.make_examples
+
+    def killed_at_step_3(layout, tokens, mixture, indices, rng):
+        if tr._current_step == 2:
+            raise KeyboardInterrupt
+        return real(layout, tokens, mixture, indices, rng)
+
+    monkeypatch.setattr(tr, "make_examples", killed_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path / "b", [str(tiny_scenes)], tiny_codec_dir, _tiny_cfg(), progress=False)
+    assert torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["step"] == 2
+    monkeypatch.setattr(tr, "make_examples", real)
+    resumed = train(tmp_path / "b", [str(tiny_scenes)], tiny_codec_dir, None, resume=True, progress=False)
+    a = DiT.from_pretrained(straight / "backbone").state_dict()
+    b = DiT.from_pretrained(resumed / "backbone").state_dict()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_token_cache_is_reused(tiny_codec_dir, tiny_scenes):
+    stack = CodecStack.load(tiny_codec_dir)
+    first = tokenized_split(stack, tiny_codec_dir, tiny_scenes, "val", progress=False)
+    again = tokenized_split(stack, tiny_codec_dir, tiny_scenes, "val", progress=False)
+    assert len(first) == 4 and all(torch.equal(x["image"], y["image"]) for x, y in zip(first, again))
+    assert set(first[0]) == {"text", "image", "audio"}
+
+
+@pytest.mark.slow
+def test_two_processes_agree_on_weights(tiny_codec_dir, tiny_scenes, tmp_path):
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           "-m", "training.train", "--preset", "tiny", "--data", str(tiny_scenes), "--codecs", str(tiny_codec_dir),
+           "--out", str(tmp_path / "ddp"), "--steps", "2", "--batch-size", "4", "--val-every", "2", "--no-bf16"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    checksums = json.loads((tmp_path / "ddp" / "replica_checksums.json").read_text())
+    assert len(checksums) == 2 and checksums[0] == checksums[1]

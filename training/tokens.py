@@ -1,0 +1,106 @@
+"""Turn data sets into token ids with a codec stack, once, and cache the result.
+
+Training reads only ids: captions through the text codec, pictures through the image codec, speech through
+the audio codec. Encoding a 2,000-sample set takes a minute on the CPU, so the ids are cached under
+``~/.cache/unimodal/tokens`` keyed by the data set and a fingerprint of the codec weights: retraining a
+codec invalidates its cache, nothing else does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from tokenizers_mm import get_codec_class
+from tokenizers_mm.layout import Layout
+from training.checkpoint import load_checkpoint, save_atomic
+from training.data.store import BuiltDataset, Sample
+from unimodal.errors import DataError
+from unimodal.paths import cache_root
+
+CODEC_MODALITIES = ("text", "image", "audio")
+
+
+def codec_folder(directory: str | os.PathLike, modality: str) -> Path:
+    """``directory/modality/codec`` when it exists (a codec training run), else ``directory/modality``."""
+    base = Path(directory) / modality
+    folder = base / "codec" if (base / "codec").is_dir() else base
+    if not folder.is_dir():
+        raise DataError(f"{directory} has no {modality} codec (looked for {base}/codec and {base}); train one "
+                        f"with: unimodal codec train {modality}")
+    return folder
+
+
+@dataclass
+class CodecStack:
+    """The three codecs and the layout of their shared vocabulary."""
+
+    text: object
+    image: object
+    audio: object
+    layout: Layout
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, max_text_len: int = 32, max_audio_len: int = 80) -> "CodecStack":
+        """Codecs from ``directory/{text,image,audio}`` (each a codec folder, or a codec training run whose
+        result is in ``codec/``); the layout follows from their sizes."""
+        codecs = {m: get_codec_class(m).from_pretrained(codec_folder(directory, m)) for m in CODEC_MODALITIES}
+        layout = Layout(text_vocab_size=codecs["text"].codebook_size,
+                        image_codebook_size=codecs["image"].codebook_size,
+                        audio_codebook_size=codecs["audio"].codebook_size,
+                        audio_frame_rate=float(codecs["audio"].frame_rate), image_grid=tuple(codecs["image"].grid),
+                        image_patch=int(codecs["image"].patch), max_text_len=max_text_len,
+                        max_audio_len=max_audio_len)
+        return cls(layout=layout, **codecs)
+
+    def fingerprint(self, directory: str | os.PathLike) -> str:
+        digest = hashlib.sha256()
+        for modality in CODEC_MODALITIES:
+            folder = codec_folder(directory, modality)
+            for path in sorted(folder.rglob("*")):
+                if path.is_file():
+                    digest.update(f"{modality}/{path.relative_to(folder).as_posix()}".encode())
+                    digest.update(path.read_bytes())
+        digest.update(repr(self.layout.to_dict()).encode())
+        return digest.hexdigest()[:16]
+
+
+def encode_samples(stack: CodecStack, samples: list[Sample], batch_size: int = 64,
+                   progress: bool = True) -> list[dict[str, torch.Tensor]]:
+    """Local ids of every modality each sample has; text and audio cut to the layout's maximum length."""
+    out: list[dict[str, torch.Tensor]] = [{} for _ in samples]
+    bar = tqdm(total=len(samples), desc="encoding", unit="sample", disable=not progress)
+    for start in range(0, len(samples), batch_size):
+        chunk = samples[start:start + batch_size]
+        for modality, codec, limit in (("text", stack.text, stack.layout.max_text_len),
+                                       ("image", stack.image, None), ("audio", stack.audio, stack.layout.max_audio_len)):
+            rows = [i for i, s in enumerate(chunk) if getattr(s, modality) is not None]
+            if not rows:
+                continue
+            values = [getattr(chunk[i], modality) for i in rows]
+            ids = codec.encode(np.stack(values) if modality == "image" else values)
+            for i, row_ids in zip(rows, ids):
+                out[start + i][modality] = row_ids[:limit].clone() if limit else row_ids.clone()
+        bar.update(len(chunk))
+    bar.close()
+    return out
+
+
+def tokenized_split(stack: CodecStack, codec_dir: str | os.PathLike, data_dir: str | os.PathLike, split: str,
+                    progress: bool = True) -> list[dict[str, torch.Tensor]]:
+    """Ids of one split of a built data set, from the cache when the same codecs encoded it before."""
+    data_dir = Path(data_dir)
+    key = f"{data_dir.name}-{split}-{stack.fingerprint(codec_dir)}"
+    path = cache_root() / "tokens" / f"{key}.pt"
+    if path.exists():
+        return load_checkpoint(path)["tokens"]
+    dataset = BuiltDataset(data_dir, split)
+    tokens = encode_samples(stack, [dataset[i] for i in range(len(dataset))], progress=progress)
+    save_atomic({"tokens": tokens, "data": str(data_dir), "split": split}, path)
+    return tokens

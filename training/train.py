@@ -1,0 +1,341 @@
+"""Train the one model: masked diffusion over the shared token space, on accelerate.
+
+``unimodal train --preset small --data scenes,digits --out DIR`` runs :func:`train`. The same code runs on one
+CPU process, several CPU processes (``ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 -m training.train ...``,
+gloo) and several GPUs (``accelerate launch -m training.train ...``, DDP or FSDP through accelerate's config).
+
+A step: draw a global batch of samples (a pure function of seed and step, so a resumed run sees the same
+data), give each a task (which segments are conditions, which targets) and maybe drop its condition, mask
+the targets at a random ratio, one forward/backward with the single objective. Every process takes its own
+slice of the global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from backbone.dit import DiT
+from training.checkpoint import load_checkpoint, save_atomic
+from training.objective import mask_targets, masked_diffusion_loss, masked_token_accuracy
+from training.schedule import MaskSchedule
+from training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, Task, TaskMixture, build_example, collate_examples
+from unimodal.errors import InputError
+
+_current_step = -1
+VAL_RATIOS = (0.15, 0.35, 0.55, 0.75, 0.95)  # fixed mask ratios of the validation loss (low variance)
+
+
+@dataclass
+class TrainConfig:
+    preset: str = "small"
+    model_overrides: dict = field(default_factory=dict)
+    steps: int = 4000
+    batch_size: int = 32  # global, summed over processes and accumulation
+    grad_accum: int = 1
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1
+    warmup: int = 200
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    ema_decay: float = 0.999
+    bf16: bool = True
+    task_weights: dict = field(default_factory=lambda: dict(DEFAULT_TASK_WEIGHTS))
+    cond_drop: float = 0.1
+    val_every: int = 200
+    val_samples: int = 32  # per task
+    checkpoint_every: int = 100
+    seed: int = 0
+
+
+def lr_factor(cfg: TrainConfig, step: int) -> float:
+    """Linear warmup, then cosine decay to ``min_lr_ratio``."""
+    if step < cfg.warmup:
+        return (step + 1) / cfg.warmup
+    progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def make_examples(layout, tokens: list[dict], mixture: TaskMixture, indices, rng: np.random.Generator):
+    examples = []
+    for index in indices:
+        sample = tokens[int(index)]
+        task = mixture.choose(rng, frozenset(sample))
+        drop = bool(task.conditions) and rng.random() < mixture.cond_drop
+        examples.append(build_example(layout, sample, task, drop_condition=drop))
+    return examples
+
+
+def global_batch_indices(n: int, cfg: TrainConfig, step: int) -> np.ndarray:
+    """Indices of the global batch of ``step``: consecutive slices of a fresh permutation each epoch."""
+    start = step * cfg.batch_size
+    out = []
+    while len(out) < cfg.batch_size:
+        epoch, offset = divmod(start + len(out), n)
+        perm = np.random.default_rng([cfg.seed, epoch]).permutation(n)
+        out.extend(perm[offset:offset + cfg.batch_size - len(out)].tolist())
+    return np.asarray(out)
+
+
+def step_loss(model, batch: ExampleBatch, schedule: MaskSchedule, generator: torch.Generator,
+              t: torch.Tensor | None = None):
+    """Mask, forward, loss. Returns (loss, masked-token accuracy)."""
+    b = batch.batch
+    t = schedule.sample(b.ids.shape[0], generator) if t is None else t
+    masked = mask_targets(b.ids, batch.maskable, t, generator)
+    device = next(model.parameters()).device
+    out = model(masked.noisy_ids.to(device), t.to(device), b.segment_ids.to(device), b.positions.to(device),
+                batch.is_target.to(device), b.attention_mask.to(device))
+    masked_on_device = type(masked)(*(x.to(device) for x in (masked.noisy_ids, masked.targets, masked.masked,
+                                                                  masked.maskable, masked.t)))
+    loss = masked_diffusion_loss(out.logits, masked_on_device)
+    # The critic head is trained by the critique objective; until then it takes part with weight 0 so that
+    # every parameter has a gradient (DDP requires it) without changing the loss.
+    loss = loss + 0.0 * out.critic.mean()
+    return loss, masked_token_accuracy(out.logits, masked_on_device)
+
+
+class EMA:
+    """Exponential moving average of the weights; the shipped model uses these."""
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        self.decay = decay
+        self.shadow = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module, step: int) -> None:
+        decay = min(self.decay, (1 + step) / (10 + step))  # short warm-up: early weights are noise
+        for key, value in model.state_dict().items():
+            if value.is_floating_point():
+                self.shadow[key].mul_(decay).add_(value.detach().float(), alpha=1 - decay)
+            else:
+                self.shadow[key].copy_(value)
+
+
+@torch.no_grad()
+def validation_losses(model, layout, tokens: list[dict], mixture: TaskMixture, cfg: TrainConfig) -> dict[str, float]:
+    """Loss per task on the first ``val_samples`` validation samples, at fixed mask ratios and masks."""
+    was_training = model.training
+    model.eval()
+    losses = {}
+    for task in mixture.tasks:
+        samples = [s for s in tokens if task.modalities <= frozenset(s)][: cfg.val_samples]
+        if not samples:
+            continue
+        batch = collate_examples([build_example(layout, s, task) for s in samples])
+        total = 0.0
+        for i, ratio in enumerate(VAL_RATIOS):
+            generator = torch.Generator().manual_seed(1000 + i)
+            t = torch.full((len(samples),), ratio)
+            loss, _ = step_loss(model, batch, MaskSchedule(), generator, t=t)
+            total += float(loss)
+        losses[task.name] = total / len(VAL_RATIOS)
+    model.train(was_training)
+    return losses
+
+
+def plot_history(history: list[dict], path: Path) -> bool:
+    """Validation loss per task against steps, as a PNG. False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [h for h in history if h.get("val")]
+    if not rows:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for task in rows[-1]["val"]:
+        ax.plot([h["step"] for h in rows], [h["val"].get(task, float("nan")) for h in rows], marker="o", label=task)
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss (masked-diffusion ELBO per token)")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def resolve_data(names: list[str] | tuple[str, ...]) -> list[Path]:
+    """Each entry: an embedded set name (built into the cache on first use) or a built data set folder."""
+    from training.data.build import BUILDERS, DEFAULT_N, build
+    from unimodal.paths import data_dir
+
+    dirs = []
+    for name in names:
+        if name in BUILDERS:
+            path = data_dir(name, DEFAULT_N[name], 0)
+            dirs.append(path if (path / "info.json").exists() else build(name, out=path))
+        elif (Path(name) / "info.json").exists():
+            dirs.append(Path(name))
+        else:
+            raise InputError(f"--data entry {name!r} is neither an embedded set ({', '.join(BUILDERS)}) nor a "
+                             f"built data set folder (one with info.json)")
+    return dirs
+
+
+def write_model_folder(directory: Path, model: DiT, ema: EMA, stack, codec_dir: Path, cfg: TrainConfig) -> Path:
+    """A self-describing model folder: backbone (EMA weights), layout.json, the three codecs, the config."""
+    import shutil
+
+    directory.mkdir(parents=True, exist_ok=True)
+    shipped = DiT.from_config(model.config)
+    shipped.load_state_dict({k: v.to(shipped.state_dict()[k].dtype) for k, v in ema.shadow.items()})
+    shipped.save_pretrained(directory / "backbone")
+    stack.layout.save(directory)
+    from training.tokens import CODEC_MODALITIES, codec_folder
+
+    for modality in CODEC_MODALITIES:
+        shutil.copytree(codec_folder(codec_dir, modality), directory / modality, dirs_exist_ok=True)
+    with open(directory / "training_config.json", "w") as f:
+        json.dump(asdict(cfg), f, indent=2)
+    return directory
+
+
+def _load_tokens(stack, codec_dir, data_dirs, split, progress):
+    from training.tokens import tokenized_split
+
+    tokens = []
+    for data_dir in data_dirs:
+        tokens.extend(tokenized_split(stack, codec_dir, data_dir, split, progress=progress))
+    return tokens
+
+
+def train(out_dir: str | Path, data: list[str], codec_dir: str | Path, cfg: TrainConfig | None = None,
+          resume: bool = False, progress: bool = True) -> Path:
+    """Train (or resume) a model; returns the folder of the trained model (``OUT/model``)."""
+    from accelerate import Accelerator
+
+    from training.tokens import CodecStack
+
+    out_dir, codec_dir = Path(out_dir), Path(codec_dir)
+    ckpt_path = out_dir / "checkpoint.pt"
+    state = load_checkpoint(ckpt_path) if resume and ckpt_path.exists() else None
+    if state is not None:
+        steps = cfg.steps if cfg is not None else state["config"]["steps"]
+        cfg = TrainConfig(**{**state["config"], "steps": steps})
+    cfg = cfg or TrainConfig()
+    accelerator = Accelerator(mixed_precision="bf16" if cfg.bf16 else "no", gradient_accumulation_steps=cfg.grad_accum)
+    world, rank = accelerator.num_processes, accelerator.process_index
+    if cfg.batch_size % (world * cfg.grad_accum):
+        raise InputError(f"batch size {cfg.batch_size} must divide evenly over {world} processes x "
+                         f"{cfg.grad_accum} accumulation steps")
+    stack = CodecStack.load(codec_dir)
+    data_dirs = resolve_data(data)
+    with accelerator.main_process_first():
+        train_tokens = _load_tokens(stack, codec_dir, data_dirs, "train", progress and accelerator.is_main_process)
+        val_tokens = _load_tokens(stack, codec_dir, data_dirs, "val", progress and accelerator.is_main_process)
+    torch.manual_seed(cfg.seed)
+    model = DiT.from_preset(cfg.preset, stack.layout.vocab_size, **cfg.model_overrides)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    ema, history, start = EMA(model, cfg.ema_decay), [], 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        ema.shadow, history, start = state["ema"], state["history"], state["step"]
+    model, optimizer = accelerator.prepare(model, optimizer)
+    mixture, schedule = TaskMixture(cfg.task_weights, cfg.cond_drop), MaskSchedule()
+    micro = cfg.batch_size // (world * cfg.grad_accum)
+    bar = tqdm(range(start, cfg.steps), total=cfg.steps, initial=start, desc="train",
+               disable=not (progress and accelerator.is_main_process))
+    model.train()
+    global _current_step
+    for step in bar:
+        _current_step = step  # read by tests that emulate a kill mid-run
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.lr * lr_factor(cfg, step)
+        rng = np.random.default_rng([cfg.seed, step, rank])
+        generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
+        mine = global_batch_indices(len(train_tokens), cfg, step)[rank::world]
+        t0, tokens_seen, losses = time.perf_counter(), 0, []
+        for k in range(cfg.grad_accum):
+            batch = collate_examples(make_examples(stack.layout, train_tokens, mixture, mine[k * micro:(k + 1) * micro], rng))
+            tokens_seen += int(batch.batch.attention_mask.sum())
+            with accelerator.accumulate(model):
+                loss, acc = step_loss(model, batch, schedule, generator)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and cfg.grad_clip:
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            losses.append(float(loss.detach()))
+        ema.update(accelerator.unwrap_model(model), step)
+        record = {"step": step + 1, "train_loss": float(np.mean(losses)), "lr": cfg.lr * lr_factor(cfg, step)}
+        bar.set_postfix(loss=f"{record['train_loss']:.3f}", acc=f"{float(acc):.2f}",
+                        tok_s=f"{tokens_seen * world / (time.perf_counter() - t0):.0f}")
+        if (step + 1) % cfg.val_every == 0 or step + 1 == cfg.steps:
+            record["val"] = validation_losses(model, stack.layout, val_tokens, mixture, cfg)
+        history.append(record)
+        if accelerator.is_main_process and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
+            save_atomic({"config": asdict(cfg), "model": accelerator.unwrap_model(model).state_dict(),
+                         "optimizer": optimizer.state_dict(), "ema": ema.shadow, "history": history,
+                         "step": step + 1, "data": [str(d) for d in data_dirs], "codecs": str(codec_dir)}, ckpt_path)
+    accelerator.wait_for_everyone()
+    checksums = replica_checksums(accelerator, model)
+    if accelerator.is_main_process:
+        with open(out_dir / "replica_checksums.json", "w") as f:
+            json.dump(checksums, f)
+        write_model_folder(out_dir / "model", accelerator.unwrap_model(model), ema, stack, codec_dir, cfg)
+        with open(out_dir / "history.json", "w") as f:
+            json.dump(history, f, indent=1)
+        plot_history(history, out_dir / "val_loss.png")
+    return out_dir / "model"
+
+
+def replica_checksums(accelerator, model) -> list[float]:
+    """One weight checksum per process: data-parallel replicas must agree (the 2-process test reads this)."""
+    total = sum(p.detach().double().sum() for p in accelerator.unwrap_model(model).parameters())
+    return [float(x) for x in accelerator.gather(total.reshape(1).float().to(accelerator.device)).cpu()]
+
+
+def add_arguments(parser) -> None:
+    """The ``unimodal train`` / ``python -m training.train`` arguments."""
+    from unimodal.paths import cache_root
+
+    parser.add_argument("--preset", default="small", help="backbone size: tiny, small or base")
+    parser.add_argument("--data", default="scenes", help="comma-separated: scenes, digits or built data folders")
+    parser.add_argument("--codecs", default=str(cache_root() / "codecs"),
+                        help="folder holding text/, image/ and audio/ codecs (default: ~/.cache/unimodal/codecs)")
+    parser.add_argument("--out", required=True, help="run folder: checkpoint.pt, history.json, val_loss.png, model/")
+    parser.add_argument("--steps", type=int, default=TrainConfig.steps)
+    parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size, help="global batch size")
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=TrainConfig.lr)
+    parser.add_argument("--val-every", type=int, default=TrainConfig.val_every)
+    parser.add_argument("--checkpoint-every", type=int, default=TrainConfig.checkpoint_every)
+    parser.add_argument("--no-bf16", action="store_true", help="train in float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (its config wins, "
+                                                              "except --steps)")
+
+
+def run_from_args(args) -> int:
+    cfg = TrainConfig(preset=args.preset, steps=args.steps, batch_size=args.batch_size, grad_accum=args.grad_accum,
+                      lr=args.lr, val_every=args.val_every, checkpoint_every=args.checkpoint_every,
+                      bf16=not args.no_bf16, seed=args.seed)
+    model_dir = train(args.out, [d for d in args.data.split(",") if d], args.codecs, cfg, resume=args.resume)
+    print(model_dir)
+    return 0
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
