@@ -159,7 +159,37 @@ def add_train_command(sub) -> None:
     train.set_defaults(func=run_from_args)
 
 
-COMMAND_GROUPS = [add_data_commands, add_codec_commands, add_judge_commands, add_train_command]
+def _cmd_bench_train(args) -> int:
+    import torch
+
+    from training.bench import bench_train, format_result, result_dict
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results = []
+    for bf16 in ([True, False] if args.compare_fp32 else [not args.no_bf16]):
+        results.append(bench_train(args.preset, args.batch_size, args.steps, bf16=bf16))
+        print(format_result(results[-1]), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([result_dict(r) for r in results], f, indent=2)
+    return 0
+
+
+def add_bench_commands(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_cmd", required=True)
+    train = bench.add_parser("train", help="training tokens/s and model FLOP utilisation vs this machine's peak")
+    train.add_argument("--preset", default="small")
+    train.add_argument("--batch-size", type=int, default=16)
+    train.add_argument("--steps", type=int, default=5, help="timed steps (median reported)")
+    train.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    train.add_argument("--no-bf16", action="store_true")
+    train.add_argument("--compare-fp32", action="store_true", help="run bf16 and fp32 side by side")
+    train.add_argument("--json", default=None)
+    train.set_defaults(func=_cmd_bench_train)
+
+
+COMMAND_GROUPS = [add_data_commands, add_codec_commands, add_judge_commands, add_train_command, add_bench_commands]
 
 
 def build_parser() -> argparse.ArgumentParser:

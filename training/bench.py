@@ -1,0 +1,104 @@
+"""``unimodal bench train``: training throughput and model FLOP utilisation (MFU) on this machine.
+
+The peak is measured in the same run, the same way, with the same threads: a large square matmul in
+float32 and in bfloat16. MFU is the model's useful FLOPs (forward + backward = 3x the forward FLOPs of
+:func:`backbone.dit.flops_per_token`) per second, divided by the bf16 peak when training runs under bf16
+autocast (else the fp32 peak).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from backbone.dit import DiT, flops_per_token
+from tokenizers_mm.layout import Layout
+from training.schedule import MaskSchedule
+from training.tasks import Task, build_example, collate_examples
+from training.train import step_loss
+
+
+@dataclass
+class TrainBenchResult:
+    preset: str
+    params_m: float
+    threads: int
+    batch_size: int
+    seq_len: int
+    bf16: bool
+    step_seconds: float
+    tokens_per_s: float
+    model_tflops: float
+    peak_fp32_tflops: float
+    peak_bf16_tflops: float
+    mfu: float
+
+
+def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
+    """Best-of FLOP/s of a (size x size) @ (size x size) matmul."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b  # warm-up: thread pool and kernels
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def synthetic_batch(batch_size: int, seed: int = 0):
+    """A realistic mixed batch (scenes-sized text, image and audio) of random ids in the default layout."""
+    layout = Layout(text_vocab_size=4096, image_codebook_size=512, audio_codebook_size=512,
+                    audio_frame_rate=15.625, max_text_len=32, max_audio_len=80)
+    rng = np.random.default_rng(seed)
+    tasks = [Task.parse(n) for n in ("text->image", "image->text", "text->audio", "audio->text", "->text+image+audio")]
+    examples = []
+    for i in range(batch_size):
+        tokens = {"text": torch.from_numpy(rng.integers(0, 4096, 14)), "image": torch.from_numpy(rng.integers(0, 512, 64)),
+                  "audio": torch.from_numpy(rng.integers(0, 512, 40))}
+        examples.append(build_example(layout, tokens, tasks[i % len(tasks)]))
+    return layout, collate_examples(examples)
+
+
+def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf16: bool = True) -> TrainBenchResult:
+    layout, batch = synthetic_batch(batch_size)
+    torch.manual_seed(0)
+    model = DiT.from_preset(preset, layout.vocab_size).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    generator = torch.Generator().manual_seed(0)
+
+    def one_step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss, _ = step_loss(model, batch, MaskSchedule(), generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    one_step()  # warm-up
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        one_step()
+        times.append(time.perf_counter() - start)
+    step_s = float(np.median(times))
+    seq_len = batch.batch.ids.shape[1]
+    tokens = int(batch.batch.attention_mask.sum())
+    model_flops = 3 * flops_per_token(model, seq_len) * tokens / step_s
+    peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
+    return TrainBenchResult(preset, sum(p.numel() for p in model.parameters()) / 1e6, torch.get_num_threads(),
+                            batch_size, seq_len, bf16, step_s, tokens / step_s, model_flops / 1e12, peak32 / 1e12,
+                            peak16 / 1e12, model_flops / (peak16 if bf16 else peak32))
+
+
+def format_result(r: TrainBenchResult) -> str:
+    return (f"preset={r.preset} ({r.params_m:.1f}M params) threads={r.threads} batch={r.batch_size}x{r.seq_len} "
+            f"bf16={r.bf16}\n  step {r.step_seconds:.3f} s | {r.tokens_per_s:,.0f} tokens/s | model "
+            f"{r.model_tflops * 1000:.1f} GFLOP/s | peak fp32 {r.peak_fp32_tflops * 1000:.1f} / bf16 "
+            f"{r.peak_bf16_tflops * 1000:.1f} GFLOP/s | MFU {r.mfu:.1%}")
+
+
+def result_dict(r: TrainBenchResult) -> dict:
+    return asdict(r)
