@@ -158,3 +158,23 @@ def test_two_processes_agree_on_weights(tiny_codec_dir, tiny_scenes, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     checksums = json.loads((tmp_path / "ddp" / "replica_checksums.json").read_text())
     assert len(checksums) == 2 and checksums[0] == checksums[1]
+
+
+def test_training_on_a_users_manifest(tiny_codec_dir, tmp_path):
+    from PIL import Image
+
+    lines = []
+    for i in range(20):
+        Image.new("RGB", (80, 80), (10 * i, 100, 200)).save(tmp_path / f"img{i}.png")
+        lines.append(json.dumps({"text": f"a blue picture number {i}", "image": f"img{i}.png"}))
+    manifest = tmp_path / "mine.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    stack = CodecStack.load(tiny_codec_dir)
+    train_ids = tokenized_split(stack, tiny_codec_dir, manifest, "train", progress=False)
+    val_ids = tokenized_split(stack, tiny_codec_dir, manifest, "val", progress=False)
+    assert len(train_ids) == 19 and len(val_ids) == 1 and set(train_ids[0]) == {"text", "image"}
+    model_dir = train(tmp_path / "run", [str(manifest)], tiny_codec_dir,
+                      _tiny_cfg(steps=2, task_weights={"text->image": 1.0, "image->text": 1.0}), progress=False)
+    assert (model_dir / "backbone" / "config.json").exists()
+    with pytest.raises(InputError, match="manifest"):
+        train(tmp_path / "bad", ["no-such-thing"], tiny_codec_dir, _tiny_cfg(), progress=False)

@@ -92,15 +92,40 @@ def encode_samples(stack: CodecStack, samples: list[Sample], batch_size: int = 6
     return out
 
 
-def tokenized_split(stack: CodecStack, codec_dir: str | os.PathLike, data_dir: str | os.PathLike, split: str,
+FOLDER_VAL_FRACTION = 0.05  # a user's manifest has no splits: every 20th record validates
+
+
+def _source_key(source: Path) -> str:
+    """Names a data source in the cache: a built set by folder name, a manifest by path and modification time."""
+    if source.is_file():
+        stat = source.stat()
+        digest = hashlib.sha256(f"{source.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:10]
+        return f"{source.stem}-{digest}"
+    return source.name
+
+
+def _load_samples(source: Path, split: str) -> list[Sample]:
+    if source.is_file():  # a JSONL manifest of the user's own data
+        from training.data.folder import FolderDataset
+
+        dataset = FolderDataset(source)
+        period = round(1 / FOLDER_VAL_FRACTION)
+        keep = [i for i in range(len(dataset)) if (i % period == period - 1) == (split == "val")]
+        if split not in ("train", "val"):
+            raise DataError(f"a manifest has only train and val splits, not {split!r}")
+        return [dataset[i] for i in keep]
+    dataset = BuiltDataset(source, split)
+    return [dataset[i] for i in range(len(dataset))]
+
+
+def tokenized_split(stack: CodecStack, codec_dir: str | os.PathLike, source: str | os.PathLike, split: str,
                     progress: bool = True) -> list[dict[str, torch.Tensor]]:
-    """Ids of one split of a built data set, from the cache when the same codecs encoded it before."""
-    data_dir = Path(data_dir)
-    key = f"{data_dir.name}-{split}-{stack.fingerprint(codec_dir)}"
-    path = cache_root() / "tokens" / f"{key}.pt"
+    """Ids of one split of a built data set or a JSONL manifest, from the cache when the same codecs encoded
+    the same data before."""
+    source = Path(source)
+    path = cache_root() / "tokens" / f"{_source_key(source)}-{split}-{stack.fingerprint(codec_dir)}.pt"
     if path.exists():
         return load_checkpoint(path)["tokens"]
-    dataset = BuiltDataset(data_dir, split)
-    tokens = encode_samples(stack, [dataset[i] for i in range(len(dataset))], progress=progress)
-    save_atomic({"tokens": tokens, "data": str(data_dir), "split": split}, path)
+    tokens = encode_samples(stack, _load_samples(source, split), progress=progress)
+    save_atomic({"tokens": tokens, "data": str(source), "split": split}, path)
     return tokens

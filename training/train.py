@@ -168,7 +168,8 @@ def plot_history(history: list[dict], path: Path) -> bool:
 
 
 def resolve_data(names: list[str] | tuple[str, ...]) -> list[Path]:
-    """Each entry: an embedded set name (built into the cache on first use) or a built data set folder."""
+    """Each entry: an embedded set name (built into the cache on first use), a built data set folder, or a
+    JSONL manifest of the user's own data (see ``training.data.folder``)."""
     from training.data.build import BUILDERS, DEFAULT_N, build
     from unimodal.paths import data_dir
 
@@ -177,11 +178,11 @@ def resolve_data(names: list[str] | tuple[str, ...]) -> list[Path]:
         if name in BUILDERS:
             path = data_dir(name, DEFAULT_N[name], 0)
             dirs.append(path if (path / "info.json").exists() else build(name, out=path))
-        elif (Path(name) / "info.json").exists():
+        elif (Path(name) / "info.json").exists() or (Path(name).is_file() and name.endswith(".jsonl")):
             dirs.append(Path(name))
         else:
-            raise InputError(f"--data entry {name!r} is neither an embedded set ({', '.join(BUILDERS)}) nor a "
-                             f"built data set folder (one with info.json)")
+            raise InputError(f"--data entry {name!r} is neither an embedded set ({', '.join(BUILDERS)}), a built "
+                             f"data set folder (one with info.json) nor a JSONL manifest of your own data")
     return dirs
 
 
@@ -304,7 +305,8 @@ def add_arguments(parser) -> None:
     from unimodal.paths import cache_root
 
     parser.add_argument("--preset", default="small", help="backbone size: tiny, small or base")
-    parser.add_argument("--data", default="scenes", help="comma-separated: scenes, digits or built data folders")
+    parser.add_argument("--data", default="scenes", help="comma-separated: scenes, digits, built data folders or "
+                                                         "JSONL manifests of your own data")
     parser.add_argument("--codecs", default=str(cache_root() / "codecs"),
                         help="folder holding text/, image/ and audio/ codecs (default: ~/.cache/unimodal/codecs)")
     parser.add_argument("--out", required=True, help="run folder: checkpoint.pt, history.json, val_loss.png, model/")
