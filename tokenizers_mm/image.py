@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from diffusers import VQModel
+from diffusers import ModelMixin, VQModel  # ModelMixin: diffusers pipelines look the name up here to load us
 from diffusers.configuration_utils import register_to_config
 from PIL import Image
 from torch import nn

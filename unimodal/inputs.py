@@ -1,0 +1,89 @@
+"""Turn what a user passes (strings, PIL images, numpy arrays, file paths) into what the codecs take, with
+errors that name the argument and say what is accepted."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from unimodal.errors import DataError, InputError
+
+SAMPLE_RATE = 16_000
+
+
+def as_text(value, name: str = "text") -> str:
+    if not isinstance(value, str):
+        raise InputError(f"{name} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InputError(f"{name} is empty; give a non-empty prompt or leave it out")
+    return value
+
+
+def as_image(value, size: int, name: str = "image") -> np.ndarray:
+    """A PIL image, an (H, W, 3) / (H, W) uint8 array or a file path -> (size, size, 3) uint8."""
+    from training.data.folder import load_image
+
+    if isinstance(value, (str, os.PathLike)):
+        path = Path(value)
+        if not path.is_file():
+            raise InputError(f"{name}: no such file {str(path)!r}")
+        try:
+            return load_image(path, size)
+        except DataError as exc:
+            raise InputError(f"{name}: {exc}") from exc
+    if isinstance(value, Image.Image):
+        value = np.asarray(value.convert("RGB"))
+    if not isinstance(value, np.ndarray):
+        raise InputError(f"{name} must be a PIL image, a uint8 numpy array or a file path, got {type(value).__name__}")
+    array = value
+    if array.ndim == 2:
+        array = np.repeat(array[:, :, None], 3, axis=2)
+    if array.ndim != 3 or array.shape[2] not in (3, 4):
+        raise InputError(f"{name} array must be (H, W), (H, W, 3) or (H, W, 4), got shape {value.shape}")
+    if array.dtype != np.uint8:
+        if np.issubdtype(array.dtype, np.floating) and array.size and 0.0 <= array.min() and array.max() <= 1.0:
+            array = np.round(array * 255)
+        else:
+            raise InputError(f"{name} array must be uint8 (0..255) or float in [0, 1], got {array.dtype}")
+    image = Image.fromarray(array[:, :, :3].astype(np.uint8))
+    if image.size != (size, size):
+        w, h = image.size
+        side = min(w, h)
+        image = image.crop(((w - side) // 2, (h - side) // 2, (w - side) // 2 + side, (h - side) // 2 + side))
+        image = image.resize((size, size), Image.LANCZOS)
+    return np.asarray(image, dtype=np.uint8)
+
+
+def as_audio(value, sample_rate: int | None = None, name: str = "audio") -> np.ndarray:
+    """A 1-D float array (16 kHz unless ``sample_rate`` says otherwise), ``(array, rate)`` or a file path ->
+    mono float32 at 16 kHz."""
+    from training.data.folder import load_audio
+    from training.data.speech import resample
+
+    if isinstance(value, (str, os.PathLike)):
+        path = Path(value)
+        if not path.is_file():
+            raise InputError(f"{name}: no such file {str(path)!r}")
+        try:
+            return load_audio(path, SAMPLE_RATE)
+        except DataError as exc:
+            raise InputError(f"{name}: {exc}") from exc
+    if isinstance(value, tuple) and len(value) == 2:
+        value, sample_rate = value
+    if not isinstance(value, np.ndarray) or not np.issubdtype(value.dtype, np.number):
+        raise InputError(f"{name} must be a numeric numpy array, (array, sample_rate) or a file path, "
+                         f"got {type(value).__name__}")
+    wave = value.astype(np.float32)
+    if wave.ndim == 2:
+        wave = wave.mean(axis=1 if wave.shape[1] <= 8 else 0)  # (T, channels) or (channels, T)
+    if wave.ndim != 1 or wave.size == 0:
+        raise InputError(f"{name} must be a non-empty mono waveform, got shape {value.shape}")
+    if np.issubdtype(value.dtype, np.integer):
+        wave = wave / float(np.iinfo(value.dtype).max)
+    if not np.all(np.isfinite(wave)):
+        raise InputError(f"{name} holds NaN or infinite samples")
+    rate = SAMPLE_RATE if sample_rate is None else int(sample_rate)
+    return resample(wave, rate, SAMPLE_RATE) if rate != SAMPLE_RATE else wave
