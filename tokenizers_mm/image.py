@@ -74,15 +74,22 @@ class CosineEMAQuantizer(nn.Module):
         self.codebook.copy_(F.normalize(self.ema_sum, dim=1))
         self.steps += 1
         if self.restart_every and int(self.steps) % self.restart_every == 0:
-            self._restart_dead(z_unit)
+            self._restart_dead(z_unit, indices)
 
     @torch.no_grad()
-    def _restart_dead(self, z_unit: torch.Tensor) -> None:
+    def _restart_dead(self, z_unit: torch.Tensor, indices: torch.Tensor | None = None) -> None:
+        """Move dead codes onto encoder outputs. With ``indices``, onto the outputs worst served by their
+        code: on flat-background pictures a random output is almost always background, which a live code
+        already covers, so a code restarted there dies again (measured: 27% of codes alive)."""
         dead = (self.ema_count < self.dead_threshold).nonzero().flatten()
         if len(dead) == 0:
             return
-        picks = torch.randint(len(z_unit), (len(dead),), device=z_unit.device)
-        fresh = F.normalize(z_unit[picks] + 0.01 * torch.randn_like(z_unit[picks]), dim=1)
+        pool = z_unit
+        if indices is not None:
+            similarity = (z_unit * self.codebook[indices]).sum(dim=1)  # (N,) cosine to the assigned code
+            pool = z_unit[similarity.topk(min(len(z_unit), 4 * len(dead)), largest=False).indices]
+        picks = torch.randint(len(pool), (len(dead),), device=z_unit.device)
+        fresh = F.normalize(pool[picks] + 0.01 * torch.randn_like(pool[picks]), dim=1)
         self.codebook[dead] = fresh
         self.ema_sum[dead] = fresh
         self.ema_count[dead] = 1.0
