@@ -107,9 +107,9 @@ class SilenceAwareQuantizer(CosineEMAQuantizer):
         return z_st.reshape(b, t, d).permute(0, 2, 1).contiguous().to(z.dtype), loss, indices.reshape(b, t)
 
     @torch.no_grad()
-    def _restart_dead(self, z_unit: torch.Tensor) -> None:
+    def _restart_dead(self, z_unit: torch.Tensor, indices: torch.Tensor | None = None) -> None:
         self.ema_count[SILENCE_CODE].clamp_(min=1.0)  # rare in a batch, but never dead
-        super()._restart_dead(z_unit)
+        super()._restart_dead(z_unit, indices)
 
 
 class AudioVQModel(ModelMixin, ConfigMixin):
@@ -180,7 +180,8 @@ def check_clips(clips) -> list[torch.Tensor]:
     if isinstance(clips, (np.ndarray, torch.Tensor)) and clips.ndim == 1:
         clips = [clips]
     if not isinstance(clips, (list, tuple)) or not clips:
-        raise InputError(f"audio must be a non-empty list of 1-D float arrays (16 kHz mono), got {type(clips).__name__}")
+        got = "an empty list" if isinstance(clips, (list, tuple)) else type(clips).__name__
+        raise InputError(f"audio must be a non-empty list of 1-D float arrays (16 kHz mono), got {got}")
     out = []
     for i, clip in enumerate(clips):
         if not isinstance(clip, (np.ndarray, torch.Tensor)):
@@ -274,7 +275,9 @@ class AudioCodec:
         if not isinstance(ids, (list, tuple)) and not (isinstance(ids, torch.Tensor) and ids.ndim == 2):
             raise InputError(f"audio codes must be a list of 1-D id tensors, got {type(ids).__name__}")
         checked = [self._check_ids(x, i) for i, x in enumerate(ids)]
-        return [self.model.decode_indices(x[None].to(self.model.device))[0].float().cpu() for x in checked]
+        n_mels = self.model.config.n_mels
+        return [self.model.decode_indices(x[None].to(self.model.device))[0].float().cpu() if len(x) else
+                torch.zeros(n_mels, 0) for x in checked]
 
     def decode(self, ids) -> list[np.ndarray]:
         """Code ids -> one float32 waveform at ``sample_rate`` per clip, 1024 samples (64 ms) per code.
