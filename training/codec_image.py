@@ -170,18 +170,19 @@ def _judged(kind: str, originals: np.ndarray, recons: np.ndarray, labels: list) 
     return {"judged_original": ok(originals), "judged_reconstruction": ok(recons)}
 
 
-def save_comparison_grid(originals: np.ndarray, recons: np.ndarray, path: Path, columns: int = 12) -> None:
-    """A PNG with originals on odd rows and their reconstructions below them, 3x enlarged."""
+def save_comparison_grid(originals: np.ndarray, recons: np.ndarray, path: Path, columns: int = 12,
+                         rows: int = 2, scale: int = 2) -> None:
+    """A PNG with originals on odd rows and their reconstructions below them, enlarged ``scale`` times."""
     from PIL import Image
 
-    k = min(len(originals), columns * 3)
+    k = min(len(originals), columns * rows)
     rows = []
     for start in range(0, k, columns):
         for source in (originals, recons):
             rows.append(np.concatenate(list(source[start:start + columns]), axis=1))
     width = max(r.shape[1] for r in rows)
     grid = np.concatenate([np.pad(r, ((0, 0), (0, width - r.shape[1]), (0, 0))) for r in rows], axis=0)
-    Image.fromarray(grid).resize((grid.shape[1] * 3, grid.shape[0] * 3), Image.NEAREST).save(path)
+    Image.fromarray(grid).resize((grid.shape[1] * scale, grid.shape[0] * scale), Image.NEAREST).save(path)
 
 
 def evaluate_image_codec(codec_dir: str | Path, n: int = 300, out: str | Path | None = None) -> dict:
