@@ -35,3 +35,38 @@ def tiny_codec_dir(tmp_path_factory):
                             vq_embed_dim=4, num_vq_embeddings=32)).save_pretrained(root / "image")
     AudioCodec(AudioVQModel(encoder_channels=16, decoder_channels=16, embed_dim=8, num_codes=32)).save_pretrained(root / "audio")
     return root
+
+
+TASKS = {"text->image": 3.0, "image->text": 2.0, "text->audio": 2.0, "audio->text": 2.0, "image->audio": 1.0,
+         "audio->image": 1.0, "->text+image+audio": 1.0}
+
+
+def random_tiny_dit(vocab_size: int):
+    """Tiny DiT with random weights everywhere (at init adaLN-Zero makes every block the identity)."""
+    import torch
+
+    from backbone.dit import DiT
+
+    torch.manual_seed(0)
+    model = DiT.from_preset("tiny", vocab_size).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    return model
+
+
+def write_tiny_model(codec_dir, out, task_weights=TASKS):
+    """A model folder exactly as training writes it (training.train.write_model_folder), with a random DiT."""
+    from training.tokens import CodecStack
+    from training.train import EMA, TrainConfig, write_model_folder
+
+    stack = CodecStack.load(codec_dir, max_text_len=12, max_audio_len=16)
+    model = random_tiny_dit(stack.layout.vocab_size)
+    cfg = TrainConfig(preset="tiny", task_weights=dict(task_weights))
+    return write_model_folder(out, model, EMA(model, 0.999), stack, codec_dir, cfg)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_codec_dir, tmp_path_factory):
+    return write_tiny_model(tiny_codec_dir, tmp_path_factory.mktemp("tiny-model") / "model")

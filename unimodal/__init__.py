@@ -14,3 +14,24 @@ from unimodal.errors import (  # noqa: F401  (re-exported)
     MissingDependencyError,
     UnimodalError,
 )
+
+_LAZY = {"UniModal": "unimodal.pipeline", "GenerationResult": "unimodal.results"}
+
+
+def __getattr__(name: str):
+    """``unimodal.UniModal`` / ``unimodal.GenerationResult``, imported on first use (torch, diffusers...)."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'unimodal' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))
+
+
+__all__ = ["DataError", "GenerationResult", "InputError", "ManifestError", "MissingDependencyError", "UniModal",
+           "UnimodalError", "__version__"]

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from unimodal.errors import UnimodalError
+from unimodal.errors import InputError, UnimodalError
 
 
 def _cmd_data_build(args) -> int:
@@ -189,7 +189,99 @@ def add_bench_commands(sub) -> None:
     train.set_defaults(func=_cmd_bench_train)
 
 
-COMMAND_GROUPS = [add_data_commands, add_codec_commands, add_judge_commands, add_train_command, add_bench_commands]
+def _parse_cfg(value: str):
+    """``--cfg 3`` (one scale) or ``--cfg text=3,audio=2`` (per input modality)."""
+    try:
+        if "=" not in value:
+            return float(value)
+        pairs = (item.split("=", 1) for item in value.split(",") if item.strip())
+        return {name.strip(): float(scale) for name, scale in pairs}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--cfg takes a scale (3) or modality=scale pairs (text=3,audio=2), "
+                                         f"got {value!r}") from None
+
+
+def _add_model_arguments(parser) -> None:
+    parser.add_argument("--model", default=None, help="model folder (default: $UNIMODAL_MODEL, else the packaged "
+                                                      "default model)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+def _cmd_generate(args) -> int:
+    from unimodal.pipeline import _parse_to
+    from unimodal.serve import load_pipeline, run_generate
+
+    if not args.out and _parse_to(args.to, "--to: ") != ["text"]:
+        raise InputError(f"--to {args.to} writes files: give --out PATH (one per output, by extension: .png image, "
+                         f".wav audio, .txt text) or --out FOLDER")
+    pipe = load_pipeline(args.model, args.device)
+    request = {key: getattr(args, key) for key in ("text", "image", "audio", "to", "steps", "mode", "tau",
+                                                   "temperature", "top_k", "top_p", "cfg", "seed",
+                                                   "max_text_tokens", "max_audio_seconds")}
+    request["out"] = args.out
+    result = run_generate(pipe, request, progress=not args.quiet)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    if result["text"] is not None:
+        print(result["text"])
+    for kind, path in result["files"].items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+def add_generate_commands(sub) -> None:
+    gen = sub.add_parser("generate", help="generate text, an image or audio from any of the others",
+                         description="Examples: unimodal generate --text 'a small red circle on the left' --to image "
+                                     "--out red.png | --image photo.png --to text | --audio clip.wav --to image "
+                                     "--out pic.png | --text 'a blue square' --to image,audio --out outdir")
+    _add_model_arguments(gen)
+    gen.add_argument("--text", default=None, help="a text prompt")
+    gen.add_argument("--image", default=None, help="an image file (resized to the model's image size)")
+    gen.add_argument("--audio", default=None, help="an audio file (wav/flac/..., resampled to 16 kHz)")
+    gen.add_argument("--to", default="image", help="text, image, audio or several comma-separated "
+                                                   "(e.g. image,audio); default image")
+    gen.add_argument("--out", nargs="+", action="extend", default=None,
+                     help="one file per output (by extension: .png, .wav, .txt; .json for the summary) or one folder")
+    gen.add_argument("--steps", type=int, default=None, help="model calls (the cap in threshold mode)")
+    gen.add_argument("--mode", default=None, choices=["confidence", "threshold", "semi_ar"])
+    gen.add_argument("--tau", type=float, default=None, help="threshold mode: commit tokens this confident")
+    gen.add_argument("--temperature", type=float, default=None, help="0 = greedy")
+    gen.add_argument("--top-k", type=int, default=None)
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--cfg", type=_parse_cfg, default=None, help="guidance scale (3) or per input (text=3,audio=2)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--max-text-tokens", type=int, default=None)
+    gen.add_argument("--max-audio-seconds", type=float, default=None)
+    gen.add_argument("--json", action="store_true", help="print the result as JSON (with the saved file paths)")
+    gen.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    gen.set_defaults(func=_cmd_generate)
+
+
+def _cmd_serve(args) -> int:
+    from unimodal.serve import load_pipeline, resolve_model_dir, serve_stdio
+
+    if not args.stdio:
+        raise InputError("only the stdio transport exists for now: unimodal serve --stdio --model DIR")
+    model_dir = resolve_model_dir(args.model)
+    pipe = load_pipeline(model_dir, args.device)
+    print(f"unimodal serve: model {model_dir} loaded on {pipe.device}; reading JSON requests from stdin",
+          file=sys.stderr, flush=True)
+    return serve_stdio(pipe, model_dir=str(model_dir))
+
+
+def add_serve_command(sub) -> None:
+    serve = sub.add_parser("serve", help="keep the model loaded and answer JSON requests, one per line",
+                           description="unimodal serve --stdio --model DIR: one JSON request per line on stdin "
+                                       '({"id": 1, "op": "generate", "text": "...", "to": "image", "out": "a.png"}, '
+                                       'ops: generate, ping, shutdown), one JSON response per line on stdout')
+    _add_model_arguments(serve)
+    serve.add_argument("--stdio", action="store_true", help="talk JSON lines over stdin/stdout")
+    serve.set_defaults(func=_cmd_serve)
+
+
+COMMAND_GROUPS = [add_data_commands, add_codec_commands, add_judge_commands, add_train_command, add_bench_commands,
+                  add_generate_commands, add_serve_command]
 
 
 def build_parser() -> argparse.ArgumentParser:

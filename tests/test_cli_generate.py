@@ -1,0 +1,129 @@
+"""`unimodal generate` and `unimodal serve --stdio` on a tiny untrained model folder: files written, --json
+machine-readable, clear errors, and a server that survives bad requests."""
+
+import json
+import os
+import select
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from PIL import Image
+
+from conftest import write_tiny_model  # noqa: E402
+from unimodal.cli import main
+
+FAST = ["--steps", "3", "--quiet"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_codec_dir, tmp_path_factory):
+    return write_tiny_model(tiny_codec_dir, tmp_path_factory.mktemp("cli-model") / "model")
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_writes_the_image(model_dir, tmp_path, capsys):
+    code, out, _ = run(capsys, "generate", "--model", model_dir, "--text", "a small red circle on the left",
+                       "--to", "image", "--out", tmp_path / "red.png", *FAST)
+    assert code == 0 and out.strip() == f"image: {tmp_path / 'red.png'}"
+    assert Image.open(tmp_path / "red.png").size == (64, 64)
+
+
+def test_generate_json_from_files_and_to_several_outputs(model_dir, tmp_path, capsys):
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(tmp_path / "photo.png")
+    code, out, _ = run(capsys, "generate", "--model", model_dir, "--image", tmp_path / "photo.png", "--to", "text",
+                       "--json", "--seed", "4", *FAST)
+    result = json.loads(out)
+    assert code == 0 and result["modalities"] == ["text"] and isinstance(result["text"], str)
+    assert result["settings"]["seed"] == 4 and result["settings"]["steps"] == 3 and result["files"] == {}
+
+    sf.write(tmp_path / "clip.wav", (0.2 * np.sin(np.arange(16000) / 8)).astype(np.float32), 16000)
+    code, out, _ = run(capsys, "generate", "--model", model_dir, "--audio", tmp_path / "clip.wav", "--to",
+                       "image,text", "--out", tmp_path / "both", "--json", "--cfg", "2", *FAST)
+    result = json.loads(out)
+    assert code == 0 and result["modalities"] == ["text", "image"]
+    assert set(result["files"]) == {"text", "image", "json"}
+    assert all(os.path.isfile(path) for path in result["files"].values())
+    assert result["settings"]["guidance_passes"] == result["forward_passes"]
+
+    code, out, _ = run(capsys, "generate", "--model", model_dir, "--text", "a blue square", "--to", "image,audio",
+                       "--out", tmp_path / "a.png", tmp_path / "a.wav", "--cfg", "text=2", *FAST)
+    assert code == 0 and (tmp_path / "a.png").is_file() and (tmp_path / "a.wav").is_file()
+
+
+def test_generate_errors_are_one_line(model_dir, tmp_path, capsys, monkeypatch):
+    cases = [(["--text", "a", "--to", "video", "--out", tmp_path / "x.png"], "unknown output 'video'"),
+             (["--text", "a", "--to", "image"], "give --out"),
+             (["--text", "a", "--to", "image,audio", "--out", tmp_path / "x.png"], "no out path for the audio"),
+             (["--text", "a", "--to", "image", "--out", tmp_path / "x.mp4"], "no known extension"),
+             (["--image", tmp_path / "missing.png", "--to", "text"], "no such file"),
+             (["--text", "a", "--to", "text", "--steps", "0"], "steps must be an int >= 1")]
+    for args, message in cases:
+        code, _, err = run(capsys, "generate", "--model", model_dir, *args, "--quiet")
+        assert code == 2 and err.startswith("error: ") and message in err and "Traceback" not in err, (args, err)
+
+
+def test_model_comes_from_the_environment_or_a_clear_error(model_dir, capsys, monkeypatch, tmp_path):
+    import unimodal.serve as serve
+
+    monkeypatch.setattr(serve, "default_model_dir", lambda: tmp_path / "no-default-model")
+    monkeypatch.delenv("UNIMODAL_MODEL", raising=False)
+    code, _, err = run(capsys, "generate", "--image", tmp_path / "any.png", "--to", "text", "--quiet")
+    assert code == 2 and "--model DIR" in err and "unimodal train" in err
+    monkeypatch.setenv("UNIMODAL_MODEL", str(model_dir))
+    code, out, err = run(capsys, "generate", "--text", "a", "--to", "image,audio", "--out", tmp_path / "o", "--json",
+                         *FAST)
+    assert code == 0, err
+    assert json.loads(out)["modalities"] == ["image", "audio"]
+
+
+def test_serve_stdio_answers_each_line_and_survives_bad_requests(model_dir, tmp_path):
+    requests = [{"id": 1, "op": "ping"},
+                {"id": 2, "op": "generate", "text": "a red circle", "to": "image", "out": str(tmp_path / "s.png"),
+                 "steps": 3},
+                {"id": 3, "op": "generate", "text": "a red circle", "to": "video"},
+                "this line is not JSON",
+                {"id": 4, "op": "refine"},
+                {"id": 5, "op": "generate", "to": "text", "steps": 2, "seed": 1},
+                {"id": 6, "op": "shutdown"},
+                {"id": 7, "op": "ping"}]
+    lines = [(r if isinstance(r, str) else json.dumps(r)) + "\n" for r in requests]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    server = subprocess.Popen([sys.executable, "-m", "unimodal.cli", "serve", "--stdio", "--model", str(model_dir)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env)
+    try:  # the first answer arrives while stdin stays open: an agent can talk to it line by line
+        server.stdin.write(lines[0])
+        server.stdin.flush()
+        assert select.select([server.stdout], [], [], 120)[0], "no answer to the first request"
+        first = server.stdout.readline()
+        out, err = server.communicate("".join(lines[1:]), timeout=120)
+    finally:
+        server.kill()
+    assert server.returncode == 0, err
+    responses = [json.loads(line) for line in (first + out).splitlines()]
+    assert [r["id"] for r in responses] == [1, 2, 3, None, 4, 5, 6]  # nothing after shutdown
+    assert [r["ok"] for r in responses] == [True, True, False, False, False, True, True]
+    assert responses[0]["result"]["pong"] is True
+    assert responses[1]["result"]["files"] == {"image": str((tmp_path / "s.png").resolve())}
+    assert Image.open(tmp_path / "s.png").size == (64, 64)
+    assert responses[2]["error"]["type"] == "InputError" and "video" in responses[2]["error"]["message"]
+    assert responses[3]["error"]["type"] == "InputError"
+    assert "not supported yet" in responses[4]["error"]["message"]
+    assert responses[5]["result"]["modalities"] == ["text"] and responses[5]["result"]["settings"]["seed"] == 1

@@ -1,0 +1,313 @@
+"""UniModal pipeline and MaskedDiffusionScheduler on a tiny untrained model folder: loading both folder kinds,
+save -> load -> same tokens, every direction, joint generation, batching = one by one, seeds, clear errors,
+and a hand-written scheduler loop that commits what the schedule says (and reproduces the sampler)."""
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from PIL import Image
+
+from backbone.dit import DiT
+from inference.sampler import Request, SamplerConfig, generate, masked_after_step
+from inference.schedulers import MaskedDiffusionScheduler
+from tokenizers_mm.layout import EOT, MASK, PAD, Layout
+from unimodal.errors import DataError, InputError
+
+from conftest import TASKS, random_tiny_dit, write_tiny_model  # noqa: E402
+
+FAST = dict(steps=4)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_model_dir):
+    from unimodal import UniModal
+
+    return UniModal.from_pretrained(tiny_model_dir)
+
+
+def speech(seconds=1.0, rate=16_000):
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+
+
+def picture():
+    image = np.zeros((64, 64, 3), np.uint8)
+    image[16:40, 8:30] = (220, 40, 40)
+    return image
+
+
+# ---- the scheduler ----------------------------------------------------------------------------------------------
+
+
+LAYOUT = Layout(text_vocab_size=300, image_codebook_size=32, audio_codebook_size=32, audio_frame_rate=15.6,
+                max_text_len=16, max_audio_len=24)
+
+
+@pytest.fixture(scope="module")
+def dit():
+    return random_tiny_dit(LAYOUT.vocab_size)
+
+
+def test_scheduler_config_round_trip_and_checks(tmp_path):
+    scheduler = MaskedDiffusionScheduler(mode="threshold", tau=0.7, num_inference_steps=8, top_k=5)
+    scheduler.save_pretrained(tmp_path)
+    loaded = MaskedDiffusionScheduler.from_pretrained(tmp_path)
+    public = lambda config: {k: v for k, v in config.items() if not k.startswith("_")}  # noqa: E731
+    assert public(loaded.config) == public(scheduler.config)
+    config = loaded.sampler_config(cfg=2.0, seed=3, steps=None)
+    assert (config.mode, config.tau, config.steps, config.top_k, config.cfg, config.seed) == ("threshold", 0.7, 8, 5,
+                                                                                              2.0, 3)
+    loaded.set_timesteps(4)
+    assert torch.allclose(loaded.timesteps, torch.tensor([1.0, math.cos(math.pi / 8), math.cos(math.pi / 4),
+                                                          math.cos(3 * math.pi / 8)]))
+    with pytest.raises(InputError, match="tau"):
+        MaskedDiffusionScheduler(tau=1.5)
+    with pytest.raises(InputError, match="unknown sampler settings"):
+        scheduler.sampler_config(stepz=3)
+
+
+def _manual_loop(dit, scheduler, condition, target, steps, seed):
+    """A user's loop: model.forward on [condition; target], scheduler.step on the target part."""
+    packed = LAYOUT.pack([condition, target])
+    cond_len = packed.spans[0].end
+    allowed = MaskedDiffusionScheduler.allowed_for(LAYOUT, packed)[cond_len:]  # (L_t, V)
+    is_target = torch.arange(len(packed)) >= cond_len
+    ids, n_slots = packed.ids[cond_len:].clone()[None], int((packed.ids[cond_len:] == MASK).sum())
+    generator = torch.Generator().manual_seed(seed)
+    scheduler.set_timesteps(steps)
+    history = []
+    for index, _ in enumerate(scheduler.timesteps):
+        t = (ids == MASK).sum(1).float() / n_slots
+        full = torch.cat([packed.ids[None, :cond_len], ids], dim=1)
+        logits = dit(full, t, packed.segment_ids[None], packed.positions[None], is_target[None]).logits[:, cond_len:]
+        out = scheduler.step(logits, index, ids, allowed, generator=generator)
+        history.append((int((ids == MASK).sum()), int(out.committed.sum())))
+        ids = out.prev_sample
+    return ids[0], history
+
+
+def test_manual_scheduler_loop_commits_the_schedule_and_matches_the_sampler(dit):
+    condition = ("text", torch.tensor([5, 6, 7]))
+    scheduler = MaskedDiffusionScheduler(num_inference_steps=6)
+    ids, history = _manual_loop(dit, scheduler, condition, LAYOUT.target_segment("image"), 6, seed=11)
+    n = 64
+    assert [committed for _, committed in history] == [
+        (n if s == 0 else masked_after_step(n, s - 1, 6, "cosine")) - masked_after_step(n, s, 6, "cosine")
+        for s in range(6)]
+    codes = ids[1:-1]
+    assert not (ids == MASK).any()
+    assert LAYOUT.allowed_ids("image")[codes].all()
+    # The same rules as the sampler: with the same generator seed, the same tokens.
+    [sampled] = generate(dit, LAYOUT, [Request([condition], ["image"])], SamplerConfig(steps=6, seed=11,
+                                                                                      use_cache=False))
+    assert torch.equal(sampled.target.ids, ids)
+
+
+def test_manual_loop_on_text_fills_every_mask_and_pads_after_end(dit):
+    scheduler = MaskedDiffusionScheduler(mode="threshold", tau=0.3, num_inference_steps=5, temperature=0.0)
+    ids, history = _manual_loop(dit, scheduler, ("image", torch.arange(64) % 32), LAYOUT.target_segment("text"), 5,
+                                seed=0)
+    assert not (ids == MASK).any()
+    assert all(committed >= 1 for masked, committed in history if masked)
+    body = ids[1:].tolist()
+    stop = next(i for i, token in enumerate(body) if token in (EOT, PAD))
+    assert all(token == PAD for token in body[stop + 1:])
+
+
+def test_semi_ar_step_opens_blocks_left_to_right(dit):
+    scheduler = MaskedDiffusionScheduler(mode="semi_ar", block_length=4, num_inference_steps=2, temperature=0.0)
+    scheduler.set_timesteps(2)
+    packed = LAYOUT.pack([LAYOUT.target_segment("image")])
+    allowed = MaskedDiffusionScheduler.allowed_for(LAYOUT, packed)
+    ids = packed.ids[None].clone()
+    logits = torch.randn(1, len(packed), LAYOUT.vocab_size, generator=torch.Generator().manual_seed(0))
+    out = scheduler.step(logits, 0, ids, allowed)
+    assert out.committed[0, 1:5].sum() == 2 and out.committed.sum() == 2  # half of the first block
+    out = scheduler.step(logits, 1, out.prev_sample, allowed)
+    assert out.committed[0, 1:5].sum() == 2 and not (out.prev_sample[0, 1:5] == MASK).any()
+    assert (out.prev_sample[0, 5:-1] == MASK).all()
+
+
+# ---- loading and saving -----------------------------------------------------------------------------------------
+
+
+def test_loads_a_training_model_folder(pipe, tiny_model_dir):
+    from tokenizers_mm.layout import Layout as LayoutClass
+
+    assert isinstance(pipe.backbone, DiT) and not pipe.backbone.training
+    assert isinstance(pipe.scheduler, MaskedDiffusionScheduler)
+    assert pipe.layout.to_dict() == LayoutClass.load(tiny_model_dir).to_dict()
+    assert pipe.config.task_weights == TASKS
+    assert pipe.trained_modalities == ({"text", "image", "audio"}, {"text", "image", "audio"})
+
+
+def test_save_then_load_gives_the_same_tokens(pipe, tmp_path):
+    from unimodal import UniModal
+
+    pipe.save_pretrained(tmp_path / "pipe")
+    assert (tmp_path / "pipe" / "model_index.json").is_file()
+    loaded = UniModal.from_pretrained(tmp_path / "pipe")
+    assert loaded.config.task_weights == TASKS and loaded.layout.to_dict() == pipe.layout.to_dict()
+    first = pipe.generate(text="a red circle", to="image", seed=3, **FAST)
+    again = loaded.generate(text="a red circle", to="image", seed=3, **FAST)
+    assert first.token_ids == again.token_ids
+
+
+def test_folders_that_are_not_models_give_clear_errors(tmp_path):
+    from unimodal import UniModal
+
+    with pytest.raises(InputError, match="does not exist"):
+        UniModal.from_pretrained(tmp_path / "nope")
+    with pytest.raises(DataError, match="not a unimodal model folder"):
+        UniModal.from_pretrained(tmp_path)
+
+
+def test_import_unimodal_stays_light():
+    code = "import sys, unimodal; assert 'torch' not in sys.modules and 'diffusers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- generation -------------------------------------------------------------------------------------------------
+
+
+def check_lengths(result):
+    assert set(result.token_ids) == set(result.confidence) == set(result.modalities)
+    for modality, ids in result.token_ids.items():
+        assert len(ids) == len(result.confidence[modality])
+        assert all(0.0 < c <= 1.0 for c in result.confidence[modality])
+    assert result.forward_passes == result.steps == len(result.settings["commits_per_step"])
+
+
+def test_every_direction_returns_the_right_types(pipe):
+    inputs = {"text": "a small red circle on the left", "image": picture(), "audio": speech()}
+    for source, value in inputs.items():
+        for target in ("text", "image", "audio"):
+            if target == source:
+                continue
+            result = pipe.generate(**{source: value}, to=target, **FAST)
+            check_lengths(result)
+            assert result.modalities == (target,) and result.settings["inputs"] == [source]
+            if target == "image":
+                assert isinstance(result.image, Image.Image) and result.image.size == (64, 64)
+                assert result.image.mode == "RGB" and len(result.token_ids["image"]) == 64
+            elif target == "audio":
+                assert result.audio.dtype == np.float32 and result.audio.ndim == 1
+                assert len(result.token_ids["audio"]) <= pipe.layout.max_audio_len
+            else:
+                assert isinstance(result.text, str)
+                assert len(result.token_ids["text"]) <= pipe.layout.max_text_len
+
+
+def test_joint_generation_and_unconditional(pipe):
+    joint = pipe.generate(text="a blue square", to=["image", "audio"], **FAST)
+    assert joint.modalities == ("image", "audio")
+    check_lengths(joint)
+    everything = pipe.generate(to="text,image,audio", **FAST)
+    assert everything.modalities == ("text", "image", "audio") and everything.settings["inputs"] == []
+    check_lengths(everything)
+
+
+def test_length_caps_and_inputs_as_files(pipe, tmp_path):
+    Image.fromarray(picture()).resize((100, 80)).save(tmp_path / "photo.png")
+    sf.write(tmp_path / "clip.wav", speech(), 16_000)
+    result = pipe.generate(image=str(tmp_path / "photo.png"), audio=tmp_path / "clip.wav", to=["text"],
+                           max_text_tokens=3, **FAST)
+    assert len(result.token_ids["text"]) <= 3 and result.settings["inputs"] == ["image", "audio"]
+    audio = pipe.generate(text="a red circle", to="audio", max_audio_seconds=0.5, **FAST)
+    assert len(audio.token_ids["audio"]) <= math.ceil(0.5 * pipe.layout.audio_frame_rate)
+
+
+def test_same_seed_same_output_and_batch_equals_one_by_one(pipe):
+    requests = [{"text": "a red circle", "to": "image"}, {"image": picture(), "to": "text"},
+                {"text": "a green cross", "to": "image"}, {"text": "two", "to": "audio", "seed": 42}]
+    batch = pipe.generate_batch(requests, seed=7, temperature=1.0, **FAST)
+    for index, (request, result) in enumerate(zip(requests, batch)):
+        seed = request.pop("seed", 7 + index)
+        alone = pipe.generate(**request, seed=seed, **FAST)
+        assert alone.token_ids == result.token_ids and result.settings["seed"] == seed
+    again = pipe.generate(text="a red circle", to="image", seed=7, **FAST)
+    assert again.token_ids == batch[0].token_ids
+    other = pipe.generate(text="a red circle", to="image", seed=8, **FAST)
+    assert other.token_ids != batch[0].token_ids
+    fresh = pipe.generate(text="a red circle", to="image", seed=None, **FAST)
+    assert isinstance(fresh.settings["seed"], int)
+
+
+def test_calls_from_several_threads_are_serialised(pipe):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        threaded = list(pool.map(lambda seed: pipe.generate(text="a red circle", seed=seed, **FAST), [1, 2, 3]))
+    for seed, result in zip([1, 2, 3], threaded):
+        assert result.token_ids == pipe.generate(text="a red circle", seed=seed, **FAST).token_ids
+
+
+def test_guidance_passes_are_reported(pipe):
+    result = pipe.generate(text="a red circle", image=picture(), to="audio", cfg={"text": 2.0, "image": 3.0}, **FAST)
+    assert result.settings["guidance_passes"] == 2 * result.forward_passes
+    assert result.settings["cfg"] == {"text": 2.0, "image": 3.0}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(text="a", to="video"), "unknown output 'video'.*accepted"),
+    (dict(text="a", to=[]), "unknown output"),
+    (dict(text="a", to=3), "to must be"),
+    (dict(text="   ", to="image"), "text is empty and there is no other input"),
+    (dict(text="a", to="text"), "text is both an input and an output"),
+    (dict(text="a", steps=0), "steps must be an int >= 1, got 0"),
+    (dict(text="a", tau=0.0), r"tau must be a number in \(0, 1\]"),
+    (dict(text="a", tau=1.5), r"tau must be a number in \(0, 1\]"),
+    (dict(text="a", seed=1.5), "seed must be a non-negative int"),
+    (dict(text="a", seed="1"), "seed must be a non-negative int"),
+    (dict(text="a", mode="fast"), "mode must be one of"),
+    (dict(text="a", stepz=3), "unknown setting"),
+    (dict(image="/no/such/file.png", to="text"), "image: no such file"),
+    (dict(audio=3, to="text"), "audio must be"),
+    (dict(image=picture(), to="text", max_text_tokens=999), "max_text_tokens must lie in 1..12"),
+    (dict(text="a", to="audio", max_audio_seconds=60), r"max_audio_seconds must lie in \(0, 1.02\]"),
+    (dict(text="word " * 40, to="image"), "tokens; this model reads at most 12"),
+])
+def test_bad_input_says_what_is_wrong(pipe, kwargs, message):
+    with pytest.raises(InputError, match=message):
+        pipe.generate(**{**FAST, **kwargs})
+
+
+def test_unreadable_files_and_untrained_inputs(pipe, tmp_path):
+    from unimodal import UniModal
+
+    (tmp_path / "broken.png").write_bytes(b"not a png")
+    with pytest.raises(InputError, match="image"):
+        pipe.generate(image=tmp_path / "broken.png", to="text")
+    text_only = UniModal(**pipe.components, layout=pipe.config.layout, task_weights={"text->image": 1.0})
+    with pytest.raises(InputError, match="not trained to read audio.*leave the audio input out"):
+        text_only.generate(audio=speech(), to="image")
+    with pytest.raises(InputError, match="not trained to write text"):
+        text_only.generate(to="text")
+    with pytest.raises(InputError, match="request 1: unknown request key"):
+        pipe.generate_batch([{"text": "a"}, {"txt": "b"}])
+
+
+def test_result_saves_every_format(pipe, tmp_path):
+    import json
+
+    result = pipe.generate(to=["text", "image", "audio"], **FAST)
+    for name in ("out.png", "out.wav", "out.txt", "out.json"):
+        assert result.save(tmp_path / name) == [tmp_path / name]
+    assert Image.open(tmp_path / "out.png").size == (64, 64)
+    wave, rate = sf.read(tmp_path / "out.wav")
+    assert rate == 16_000 and len(wave) == len(result.audio)
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == result.text + "\n"
+    assert json.loads((tmp_path / "out.json").read_text())["token_ids"] == result.token_ids
