@@ -11,6 +11,17 @@ def _isolated_cache(tmp_path_factory):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tests use tiny tensors: one thread is faster, and far faster on a CPU shared with another job."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_scenes(tmp_path_factory):
     """A 40-sample scenes build (train 32 / val 4 / test 4 / heldout 4), with speech."""

@@ -10,15 +10,6 @@ from unimodal.errors import InputError
 VOCAB = 40
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one thread is faster, and far faster on a CPU shared with another job."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def randomized(model: DiT, seed: int = 0) -> DiT:
     """Random weights everywhere: at init adaLN-Zero makes every block the identity, which hides the attention
     pattern and the t conditioning from the tests below."""

@@ -10,21 +10,12 @@ import sys
 import numpy as np
 import pytest
 import soundfile as sf
-import torch
 from PIL import Image
 
 from conftest import write_tiny_model  # noqa: E402
 from unimodal.cli import main
 
 FAST = ["--steps", "3", "--quiet"]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

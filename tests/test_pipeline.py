@@ -18,17 +18,9 @@ from inference.schedulers import MaskedDiffusionScheduler
 from tokenizers_mm.layout import EOT, MASK, PAD, Layout
 from unimodal.errors import DataError, InputError
 
-from conftest import TASKS, random_tiny_dit, write_tiny_model  # noqa: E402
+from conftest import TASKS, random_tiny_dit  # noqa: E402
 
 FAST = dict(steps=4)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

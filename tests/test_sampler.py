@@ -16,14 +16,6 @@ LAYOUT = Layout(text_vocab_size=300, image_codebook_size=32, audio_codebook_size
 N_CODES = 64  # an 8x8 image
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model():
     """Random weights everywhere (at init adaLN-Zero makes every block the identity)."""

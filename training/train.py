@@ -26,7 +26,7 @@ from backbone.dit import DiT
 from training.checkpoint import load_checkpoint, save_atomic
 from training.objective import mask_targets, masked_diffusion_loss, masked_token_accuracy
 from training.schedule import MaskSchedule
-from training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, Task, TaskMixture, build_example, collate_examples
+from training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, TaskMixture, build_example, collate_examples
 from unimodal.errors import InputError
 
 _current_step = -1

@@ -402,7 +402,7 @@ def _name(item: _Prepared, modality: str) -> str:
 
 def _parse_to(to, where: str) -> list[str]:
     """``"image"``, ``"image,audio"`` or ``["image", "audio"]`` -> modalities in canonical order."""
-    accepted = f"'text', 'image', 'audio', or several as a list or comma-separated string (e.g. 'image,audio')"
+    accepted = "'text', 'image', 'audio', or several as a list or comma-separated string (e.g. 'image,audio')"
     if isinstance(to, str):
         names = [name.strip() for name in to.split(",")]
     elif isinstance(to, Sequence) and all(isinstance(name, str) for name in to):
