@@ -178,3 +178,16 @@ def test_training_on_a_users_manifest(tiny_codec_dir, tmp_path):
     assert (model_dir / "backbone" / "config.json").exists()
     with pytest.raises(InputError, match="manifest"):
         train(tmp_path / "bad", ["no-such-thing"], tiny_codec_dir, _tiny_cfg(), progress=False)
+
+
+def test_length_grouped_micro_batches_cut_padding(tiny_codec_dir):
+    from training.train import length_grouped
+
+    layout = CodecStack.load(tiny_codec_dir).layout
+    tokens = {"text": torch.tensor([1, 2, 3]), "image": torch.arange(64) % 32, "audio": torch.arange(10) % 32}
+    tasks = ["->text+image+audio", "text->image", "->text+image+audio", "text->image"]
+    examples = [build_example(layout, tokens, Task.parse(t)) for t in tasks]
+    groups = length_grouped(examples, 2)
+    assert [len(g) for g in groups] == [2, 2]
+    assert {e.task for e in groups[0]} == {"text->image"} and {e.task for e in groups[1]} == {"->text+image+audio"}
+    assert sorted(e.task for g in groups for e in g) == sorted(tasks)

@@ -18,7 +18,7 @@ from backbone.dit import DiT, flops_per_token
 from tokenizers_mm.layout import Layout
 from training.schedule import MaskSchedule
 from training.tasks import Task, build_example, collate_examples
-from training.train import step_loss
+from training.train import length_grouped, step_loss
 
 
 @dataclass
@@ -27,7 +27,9 @@ class TrainBenchResult:
     params_m: float
     threads: int
     batch_size: int
+    grad_accum: int
     seq_len: int
+    real_token_fraction: float  # non-padding share of the computed positions
     bf16: bool
     step_seconds: float
     tokens_per_s: float
@@ -49,7 +51,7 @@ def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float
     return 2 * size**3 / best
 
 
-def synthetic_batch(batch_size: int, seed: int = 0):
+def synthetic_examples(batch_size: int, seed: int = 0):
     """A realistic mixed batch (scenes-sized text, image and audio) of random ids in the default layout."""
     layout = Layout(text_vocab_size=4096, image_codebook_size=512, audio_codebook_size=512,
                     audio_frame_rate=15.625, max_text_len=32, max_audio_len=80)
@@ -60,21 +62,26 @@ def synthetic_batch(batch_size: int, seed: int = 0):
         tokens = {"text": torch.from_numpy(rng.integers(0, 4096, 14)), "image": torch.from_numpy(rng.integers(0, 512, 64)),
                   "audio": torch.from_numpy(rng.integers(0, 512, 40))}
         examples.append(build_example(layout, tokens, tasks[i % len(tasks)]))
-    return layout, collate_examples(examples)
+    return layout, examples
 
 
-def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf16: bool = True) -> TrainBenchResult:
-    layout, batch = synthetic_batch(batch_size)
+def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf16: bool = True,
+                grad_accum: int = 1) -> TrainBenchResult:
+    """One optimizer step = ``grad_accum`` length-grouped micro-batches of the ``batch_size`` examples, as the
+    trainer does it."""
+    layout, examples = synthetic_examples(batch_size)
+    batches = [collate_examples(chunk) for chunk in length_grouped(examples, grad_accum)]
     torch.manual_seed(0)
     model = DiT.from_preset(preset, layout.vocab_size).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
 
     def one_step():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss, _ = step_loss(model, batch, MaskSchedule(), generator)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        for batch in batches:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss, _ = step_loss(model, batch, MaskSchedule(), generator)
+            (loss / len(batches)).backward()
         optimizer.step()
 
     one_step()  # warm-up
@@ -84,17 +91,21 @@ def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf1
         one_step()
         times.append(time.perf_counter() - start)
     step_s = float(np.median(times))
-    seq_len = batch.batch.ids.shape[1]
-    tokens = int(batch.batch.attention_mask.sum())
-    model_flops = 3 * flops_per_token(model, seq_len) * tokens / step_s
+    tokens = sum(int(b.batch.attention_mask.sum()) for b in batches)
+    padded = sum(b.batch.ids.numel() for b in batches)
+    seq_len = max(b.batch.ids.shape[1] for b in batches)
+    model_flops = sum(3 * flops_per_token(model, b.batch.ids.shape[1]) * int(b.batch.attention_mask.sum())
+                      for b in batches) / step_s
     peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
     return TrainBenchResult(preset, sum(p.numel() for p in model.parameters()) / 1e6, torch.get_num_threads(),
-                            batch_size, seq_len, bf16, step_s, tokens / step_s, model_flops / 1e12, peak32 / 1e12,
-                            peak16 / 1e12, model_flops / (peak16 if bf16 else peak32))
+                            batch_size, grad_accum, seq_len, tokens / padded, bf16, step_s, tokens / step_s,
+                            model_flops / 1e12, peak32 / 1e12, peak16 / 1e12,
+                            model_flops / (peak16 if bf16 else peak32))
 
 
 def format_result(r: TrainBenchResult) -> str:
-    return (f"preset={r.preset} ({r.params_m:.1f}M params) threads={r.threads} batch={r.batch_size}x{r.seq_len} "
+    return (f"preset={r.preset} ({r.params_m:.1f}M params) threads={r.threads} batch={r.batch_size} "
+            f"in {r.grad_accum} micro-batch(es), longest {r.seq_len}, {r.real_token_fraction:.0%} real tokens, "
             f"bf16={r.bf16}\n  step {r.step_seconds:.3f} s | {r.tokens_per_s:,.0f} tokens/s | model "
             f"{r.model_tflops * 1000:.1f} GFLOP/s | peak fp32 {r.peak_fp32_tflops * 1000:.1f} / bf16 "
             f"{r.peak_bf16_tflops * 1000:.1f} GFLOP/s | MFU {r.mfu:.1%}")

@@ -73,6 +73,18 @@ def make_examples(layout, tokens: list[dict], mixture: TaskMixture, indices, rng
     return examples
 
 
+def length_grouped(examples: list, groups: int) -> list[list]:
+    """Split a step's examples into ``groups`` equal micro-batches of similar length.
+
+    A batch is padded to its longest example, and lengths differ by task (an image target alone: ~80 tokens;
+    joint generation: ~180), so mixed micro-batches spend up to 40% of the compute on padding. Grouping by
+    length inside the step keeps every task in every optimizer step.
+    """
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i].packed))
+    size = len(examples) // groups
+    return [[examples[i] for i in order[k * size:(k + 1) * size]] for k in range(groups)]
+
+
 def global_batch_indices(n: int, cfg: TrainConfig, step: int) -> np.ndarray:
     """Indices of the global batch of ``step``: consecutive slices of a fresh permutation each epoch."""
     start = step * cfg.batch_size
@@ -247,7 +259,6 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path, cfg: Trai
         ema.shadow, history, start = state["ema"], state["history"], state["step"]
     model, optimizer = accelerator.prepare(model, optimizer)
     mixture, schedule = TaskMixture(cfg.task_weights, cfg.cond_drop), MaskSchedule()
-    micro = cfg.batch_size // (world * cfg.grad_accum)
     bar = tqdm(range(start, cfg.steps), total=cfg.steps, initial=start, desc="train",
                disable=not (progress and accelerator.is_main_process))
     model.train()
@@ -260,8 +271,9 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path, cfg: Trai
         generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
         mine = global_batch_indices(len(train_tokens), cfg, step)[rank::world]
         t0, tokens_seen, losses = time.perf_counter(), 0, []
-        for k in range(cfg.grad_accum):
-            batch = collate_examples(make_examples(stack.layout, train_tokens, mixture, mine[k * micro:(k + 1) * micro], rng))
+        examples = make_examples(stack.layout, train_tokens, mixture, mine, rng)
+        for chunk in length_grouped(examples, cfg.grad_accum):
+            batch = collate_examples(chunk)
             tokens_seen += int(batch.batch.attention_mask.sum())
             with accelerator.accumulate(model):
                 loss, acc = step_loss(model, batch, schedule, generator)

@@ -168,7 +168,7 @@ def _cmd_bench_train(args) -> int:
         torch.set_num_threads(args.threads)
     results = []
     for bf16 in ([True, False] if args.compare_fp32 else [not args.no_bf16]):
-        results.append(bench_train(args.preset, args.batch_size, args.steps, bf16=bf16))
+        results.append(bench_train(args.preset, args.batch_size, args.steps, bf16=bf16, grad_accum=args.grad_accum))
         print(format_result(results[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
@@ -182,6 +182,7 @@ def add_bench_commands(sub) -> None:
     train.add_argument("--preset", default="small")
     train.add_argument("--batch-size", type=int, default=16)
     train.add_argument("--steps", type=int, default=5, help="timed steps (median reported)")
+    train.add_argument("--grad-accum", type=int, default=1, help="length-grouped micro-batches per step")
     train.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     train.add_argument("--no-bf16", action="store_true")
     train.add_argument("--compare-fp32", action="store_true", help="run bf16 and fp32 side by side")
