@@ -314,13 +314,14 @@ def replica_checksums(accelerator, model) -> list[float]:
 
 def add_arguments(parser) -> None:
     """The ``unimodal train`` / ``python -m training.train`` arguments."""
-    from unimodal.paths import cache_root
+    from unimodal.paths import default_codecs_dir
 
     parser.add_argument("--preset", default="small", help="backbone size: tiny, small or base")
     parser.add_argument("--data", default="scenes", help="comma-separated: scenes, digits, built data folders or "
                                                          "JSONL manifests of your own data")
-    parser.add_argument("--codecs", default=str(cache_root() / "codecs"),
-                        help="folder holding text/, image/ and audio/ codecs (default: ~/.cache/unimodal/codecs)")
+    parser.add_argument("--codecs", default=str(default_codecs_dir()),
+                        help="folder holding text/, image/ and audio/ codecs (default: the codecs shipped in the "
+                             "package, else ~/.cache/unimodal/codecs)")
     parser.add_argument("--out", required=True, help="run folder: checkpoint.pt, history.json, val_loss.png, model/")
     parser.add_argument("--steps", type=int, default=TrainConfig.steps)
     parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size, help="global batch size")

@@ -95,6 +95,15 @@ def _cmd_codec_eval(args) -> int:
     return 0
 
 
+def _cmd_codec_export(args) -> int:
+    from training.export import export_codecs
+
+    from unimodal.paths import cache_root
+
+    print(export_codecs(args.source or cache_root() / "codecs", args.out))
+    return 0
+
+
 def add_codec_commands(sub) -> None:
     codec = sub.add_parser("codec", help="train and evaluate the modality codecs").add_subparsers(
         dest="codec_cmd", required=True)
@@ -113,6 +122,11 @@ def add_codec_commands(sub) -> None:
     evaluate.add_argument("--n", type=int, default=300, help="held-out samples per kind")
     evaluate.add_argument("--out", default=None, help="folder for the JSON report and sample files")
     evaluate.set_defaults(func=_cmd_codec_eval)
+    export = codec.add_parser("export", help="save trained codecs (float16) as the package's shipped set")
+    export.add_argument("--source", default=None, help="folder with text/, image/, audio/ codec runs "
+                                                        "(default: ~/.cache/unimodal/codecs)")
+    export.add_argument("--out", default="unimodal/default_codecs")
+    export.set_defaults(func=_cmd_codec_export)
 
 
 def _default_scenes_dir():

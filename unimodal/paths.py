@@ -19,3 +19,12 @@ def cache_root() -> Path:
 def data_dir(name: str, n: int, seed: int) -> Path:
     """Default folder for a built embedded data set."""
     return cache_root() / "data" / f"{name}-n{n}-seed{seed}"
+
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def default_codecs_dir() -> Path:
+    """The codecs shipped inside the package (``unimodal/default_codecs``), else the ones trained into the cache."""
+    shipped = PACKAGE_DIR / "default_codecs"
+    return shipped if (shipped / "image").is_dir() else cache_root() / "codecs"
