@@ -56,8 +56,8 @@ FREQUENCY_EMBEDDING_SIZE = 256
 class DiTOutput(BaseOutput):
     """``logits`` (B, L, V) float32, ``critic`` (B, L) float32 plausibility logits, ``hidden`` (B, L, D)."""
 
-    logits: torch.Tensor
-    critic: torch.Tensor
+    logits: torch.Tensor | None = None  # defaults: accelerate rebuilds outputs from a dict
+    critic: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
 
 

@@ -140,6 +140,14 @@ def test_train_writes_model_and_resumes_exactly_after_a_kill(tiny_codec_dir, tin
         assert torch.equal(a[key], b[key]), key
 
 
+def test_bf16_autocast_training_step(tiny_codec_dir, tiny_scenes, tmp_path):
+    """accelerate's bf16 mixed precision rebuilds the model output from a dict: it must survive that."""
+    model_dir = train(tmp_path / "bf16", [str(tiny_scenes)], tiny_codec_dir, _tiny_cfg(steps=1, bf16=True),
+                      progress=False)
+    history = json.loads((tmp_path / "bf16" / "history.json").read_text())
+    assert np.isfinite(history[0]["train_loss"]) and (model_dir / "backbone").exists()
+
+
 def test_token_cache_is_reused(tiny_codec_dir, tiny_scenes):
     stack = CodecStack.load(tiny_codec_dir)
     first = tokenized_split(stack, tiny_codec_dir, tiny_scenes, "val", progress=False)
