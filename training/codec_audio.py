@@ -11,6 +11,10 @@ run folder; every batch is then a pure function of (seed, step): random clips, r
 
 Two phases, as for the image codec: encoder, codebook and decoder together, then for the last
 ``decoder_finetune_fraction`` of the steps only the decoder, on frozen codes.
+
+Measured (defaults, 9000 steps of 32 crops, 72 min on one shared CPU thread; ``unimodal codec eval audio
+--n 100``): Whisper WER on test captions 0.216 original / 0.184 Griffin-Lim alone / 0.280 codec; on unseen
+sentences 0.481 / 0.573 / 0.718; 15.8 codes/s; all 512 codes used.
 """
 
 from __future__ import annotations
