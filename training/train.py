@@ -239,6 +239,11 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path, cfg: Trai
         steps = cfg.steps if cfg is not None else state["config"]["steps"]
         cfg = TrainConfig(**{**state["config"], "steps": steps})
     cfg = cfg or TrainConfig()
+    from accelerate.state import AcceleratorState
+
+    # accelerate keeps its settings in a per-process singleton; a second run in the same process (a notebook,
+    # a test) with another precision must start from fresh settings. The distributed set-up is kept.
+    AcceleratorState._reset_state()
     accelerator = Accelerator(mixed_precision="bf16" if cfg.bf16 else "no", gradient_accumulation_steps=cfg.grad_accum)
     world, rank = accelerator.num_processes, accelerator.process_index
     if cfg.batch_size % (world * cfg.grad_accum):
