@@ -30,8 +30,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from tokenizers_mm.audio import AudioCodec, AudioVQModel, MelFrontend, pad_frames, trim_silence
+from tokenizers_mm.audio import AudioCodec, AudioVQModel, MelFrontend, trim_silence
 from training.checkpoint import load_checkpoint, save_atomic
+from training.optim import warmup_cosine
 from unimodal.errors import DataError
 
 DEFAULT_MODEL = dict(encoder_channels=192, decoder_channels=256, dilations=(1, 3), num_down=2, embed_dim=16,
@@ -131,10 +132,7 @@ def training_batch(cfg: AudioCodecTrainConfig, step: int, pool: list[torch.Tenso
 # ----------------------------------------------------------------------------------------------------- training
 
 def _lr(cfg: AudioCodecTrainConfig, step: int) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    return cfg.lr * warmup_cosine(step, cfg.steps, cfg.warmup, min_ratio=0.05)
 
 
 def _freeze_codes(model: AudioVQModel) -> None:

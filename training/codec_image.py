@@ -10,7 +10,6 @@ Every batch is a pure function of (seed, step), so a resumed run sees exactly th
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from tqdm.auto import tqdm
 
 from tokenizers_mm.image import ImageCodec, ImageVQModel, to_pixels
 from training.checkpoint import load_checkpoint, save_atomic
+from training.optim import warmup_cosine
 from training.data import digits, photos, scenes
 
 DEFAULT_MODEL = dict(block_out_channels=(32, 64, 128, 128), layers_per_block=1, norm_num_groups=16,
@@ -60,10 +60,7 @@ def training_batch(cfg: ImageCodecTrainConfig, step: int) -> np.ndarray:
 
 
 def _lr(cfg: ImageCodecTrainConfig, step: int) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    return cfg.lr * warmup_cosine(step, cfg.steps, cfg.warmup, min_ratio=0.05)
 
 
 def _freeze_codes(model: ImageVQModel) -> None:

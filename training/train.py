@@ -13,7 +13,6 @@ slice of the global batch.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from tqdm.auto import tqdm
 from backbone.dit import DiT
 from training.checkpoint import load_checkpoint, save_atomic
 from training.objective import mask_targets, masked_diffusion_loss, masked_token_accuracy
+from training.optim import warmup_cosine
 from training.schedule import MaskSchedule
 from training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, TaskMixture, build_example, collate_examples
 from unimodal.errors import InputError
@@ -57,10 +57,7 @@ class TrainConfig:
 
 def lr_factor(cfg: TrainConfig, step: int) -> float:
     """Linear warmup, then cosine decay to ``min_lr_ratio``."""
-    if step < cfg.warmup:
-        return (step + 1) / cfg.warmup
-    progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return warmup_cosine(step, cfg.steps, cfg.warmup, cfg.min_lr_ratio)
 
 
 def make_examples(layout, tokens: list[dict], mixture: TaskMixture, indices, rng: np.random.Generator):
