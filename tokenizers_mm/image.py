@@ -160,7 +160,8 @@ def to_pixels(images) -> torch.Tensor:
     if array.ndim != 4 or array.shape[-1] != 3 or array.dtype != np.uint8:
         raise InputError(f"images must be uint8 RGB arrays (B, H, W, 3) or PIL images, got {array.dtype} "
                          f"array of shape {array.shape}")
-    return torch.from_numpy(array).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
+    array = array if array.flags.writeable else array.copy()  # torch refuses to wrap read-only memory
+    return torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
 
 
 def to_uint8(pixels: torch.Tensor) -> np.ndarray:

@@ -1,0 +1,25 @@
+"""The codecs shipped inside the package load offline and fit the default layout."""
+
+import numpy as np
+import torch
+
+from training.data.scenes import make_sample
+from training.tokens import CodecStack
+from unimodal.paths import PACKAGE_DIR
+
+
+def test_shipped_codecs_load_and_round_trip():
+    stack = CodecStack.load(PACKAGE_DIR / "default_codecs")
+    layout = stack.layout
+    assert (layout.text_vocab_size, layout.image_codebook_size, layout.audio_codebook_size) == (4096, 512, 512)
+    assert layout.audio_frame_rate == 15.625 and layout.image_grid == (8, 8)
+    sample = make_sample(0, 2, 0, heldout=False, speech=True)
+    assert stack.text.decode(stack.text.encode([sample.text]))[0] == sample.text
+    codes = stack.image.encode(sample.image[None])
+    recon = stack.image.decode(codes)[0]
+    mse = ((recon.astype(np.float64) - sample.image.astype(np.float64)) ** 2).mean()
+    assert 10 * np.log10(255**2 / mse) > 24  # a trained codec, not random weights
+    audio_ids = stack.audio.encode([sample.audio])[0]
+    seconds = len(sample.audio) / 16_000
+    assert abs(len(audio_ids) - seconds * layout.audio_frame_rate) <= 0.5 * layout.audio_frame_rate
+    assert next(stack.image.model.parameters()).dtype == torch.float32  # stored float16, loaded float32
