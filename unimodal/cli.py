@@ -190,6 +190,59 @@ def _cmd_bench_train(args) -> int:
     return 0
 
 
+def _cmd_bench_sample(args) -> int:
+    from inference.bench_sample import bench_sample, format_table, parse_direction, save_report
+    from training.data.scenes import make_sample
+    from unimodal.inputs import as_image
+    from unimodal.serve import load_pipeline, resolve_model_dir
+
+    directions = [d.strip() for d in args.directions.split(",") if d.strip()]
+    needed = {parse_direction(d)[0] for d in directions}
+    model_dir = resolve_model_dir(args.model)
+    pipe = load_pipeline(model_dir, args.device)
+    # Conditions from the embedded scenes grammar (test split, split id 2), so no data build is needed.
+    scenes = [make_sample(args.seed, 2, i, False, speech="audio" in needed) for i in range(args.n)]
+    size = pipe.image_codec.image_size
+    conditions = {"text": [s.text for s in scenes], "image": [as_image(s.image, size) for s in scenes],
+                  "audio": [s.audio for s in scenes if s.audio is not None]}
+    report = bench_sample(pipe, {m: conditions[m] for m in needed}, directions, args.taus, args.steps,
+                          seed=args.seed, temperature=args.temperature, model_path=str(model_dir),
+                          progress=lambda d: print(f"done: {d}", file=sys.stderr, flush=True))
+    print(format_table(report))
+    for path in save_report(report, args.out):
+        print(path)
+    return 0
+
+
+def _number_list(kind):
+    def parse(value: str):
+        try:
+            return [kind(item) for item in value.split(",") if item.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {value!r}") from None
+    return parse
+
+
+def _add_bench_sample_command(bench) -> None:
+    from inference.bench_sample import DEFAULT_DIRECTIONS, DEFAULT_STEPS, DEFAULT_TAUS
+
+    sample = bench.add_parser("sample", help="sampler speed, memory and agreement per direction: tau sweep, step "
+                                             "counts, with and without the condition cache")
+    _add_model_arguments(sample)
+    sample.add_argument("--n", type=int, default=16, help="prompts (conditions) per direction")
+    sample.add_argument("--out", default="bench-sample", help="folder for bench_sample.json and bench_sample.png")
+    sample.add_argument("--directions", default=",".join(DEFAULT_DIRECTIONS),
+                        help="comma-separated CONDITION->TARGET (default: all six one-to-one directions)")
+    sample.add_argument("--taus", type=_number_list(float), default=list(DEFAULT_TAUS),
+                        help="threshold-mode confidence thresholds")
+    sample.add_argument("--steps", type=_number_list(int), default=list(DEFAULT_STEPS),
+                        help="confidence-mode step counts")
+    sample.add_argument("--seed", type=int, default=0, help="seed of the prompts and of the sampler")
+    sample.add_argument("--temperature", type=float, default=0.0,
+                        help="0 (greedy, default) makes agreement measure decoding drift, not sampling noise")
+    sample.set_defaults(func=_cmd_bench_sample)
+
+
 def add_bench_commands(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_cmd", required=True)
     train = bench.add_parser("train", help="training tokens/s and model FLOP utilisation vs this machine's peak")
@@ -202,6 +255,7 @@ def add_bench_commands(sub) -> None:
     train.add_argument("--compare-fp32", action="store_true", help="run bf16 and fp32 side by side")
     train.add_argument("--json", default=None)
     train.set_defaults(func=_cmd_bench_train)
+    _add_bench_sample_command(bench)
 
 
 def _parse_cfg(value: str):

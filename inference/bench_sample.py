@@ -1,0 +1,268 @@
+"""Sampling benchmark: speed, memory and agreement of sampler settings, per direction (``unimodal bench sample``).
+
+For each direction (one condition modality -> one target modality) the same N conditions are sampled under:
+
+- ``threshold`` mode at each tau (the step cap is the number of target slots, so tau alone decides);
+- ``confidence`` mode at each step count (cosine schedule);
+- the reference ``all-steps``: ``confidence`` mode, linear schedule, steps = target slots, which commits exactly
+  one token per model call (the slowest, most careful decoding);
+
+each once with the condition cache (``SamplerConfig.use_cache``) and once without; the N requests of a setting
+run as one batched :func:`~inference.sampler.generate` call, so wall time per sample is that call's time / N
+(after an untimed warm-up; on a tiny model it is noise-dominated). Per setting it reports TPF
+(generated target slots / forward passes, where generated slots are those the model sampled, not the PAD filled
+in after an END), forward passes and wall time per sample, peak memory, and *agreement*: the fraction of target
+slots (packed, so END/PAD positions count too) equal to the reference's. Agreement is a stand-in for quality
+until ``unimodal eval`` exists: it says how far parallel decoding drifts from one-token-per-step decoding, not
+whether either is right. It is meaningful with ``temperature=0`` (the default here); with sampling noise two
+settings disagree even when both are fine.
+
+Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` (reset before each setting, so per setting); on the
+CPU the process's resident-set high-water mark (``ru_maxrss``) after the setting, which never goes down: it
+bounds the setting's peak from above and includes the model and everything loaded before.
+
+The conditions arrive ready-made (strings, uint8 images of the codec's size, 16 kHz float32 audio): building
+them from a data set is the caller's business (``unimodal/cli.py``), since ``inference/`` must not import
+``training/``.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from inference.sampler import Request, SampleResult, SamplerConfig, generate
+from tokenizers_mm.layout import MODALITIES
+from unimodal.errors import InputError
+
+DEFAULT_DIRECTIONS = ("text->image", "image->text", "text->audio", "audio->text", "audio->image", "image->audio")
+DEFAULT_TAUS = (0.5, 0.7, 0.9)
+DEFAULT_STEPS = (4, 8, 16, 64)
+REFERENCE = "all-steps"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One sampler setting of the sweep; ``steps`` None means "as many as target slots"."""
+
+    name: str
+    mode: str
+    schedule: str = "cosine"
+    steps: int | None = None
+    tau: float | None = None
+
+    def config(self, n_slots: int, use_cache: bool, seed: int, temperature: float) -> SamplerConfig:
+        return SamplerConfig(mode=self.mode, schedule=self.schedule, steps=self.steps or n_slots,
+                             tau=self.tau if self.tau is not None else 0.9, use_cache=use_cache, seed=seed,
+                             temperature=temperature)
+
+
+def sweep(taus, steps) -> list[Setting]:
+    """The reference first, then the tau sweep (threshold mode), then the step counts (confidence mode)."""
+    return ([Setting(REFERENCE, "confidence", schedule="linear")]
+            + [Setting(f"tau={tau:g}", "threshold", tau=float(tau)) for tau in taus]
+            + [Setting(f"steps={n}", "confidence", steps=int(n)) for n in steps])
+
+
+def parse_direction(text: str) -> tuple[str, str]:
+    """``"text->image"`` -> ("text", "image"), with a clear error for anything else."""
+    condition, arrow, target = (part.strip() for part in text.partition("->"))
+    if not arrow or condition not in MODALITIES or target not in MODALITIES or condition == target:
+        raise InputError(f"a direction is CONDITION->TARGET with two different modalities among {MODALITIES}, "
+                         f"e.g. text->image; got {text!r}")
+    return condition, target
+
+
+# ---- conditions ---------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def encode_conditions(pipe, modality: str, values: list) -> list[torch.Tensor]:
+    """Local ids of each condition, cut to what the layout holds (as training cut them)."""
+    layout = pipe.layout
+    if modality == "text":
+        return pipe.text_codec.encode(list(values), max_length=layout.max_text_len)
+    if modality == "image":
+        return list(pipe.image_codec.encode(np.stack(values)).cpu())
+    vq = pipe.audio_vq  # log-mel on the CPU, then to the VQ's device (as UniModal does)
+    mels = [pipe.audio_codec.log_mel(torch.as_tensor(wave, dtype=torch.float32))[None] for wave in values]
+    return [vq.encode_indices(mel.to(vq.device, vq.dtype))[0, :layout.max_audio_len].cpu() for mel in mels]
+
+
+def target_slots(layout, modality: str) -> int:
+    """Slots of a full-size target of ``modality`` (what the sampler fills)."""
+    return len(layout.pack([layout.target_segment(modality)]).spans[0].slots)
+
+
+# ---- measuring ----------------------------------------------------------------------------------------------------
+
+
+def _peak_memory_reset(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_memory(device: torch.device) -> tuple[int, str]:
+    """(bytes, what the figure is): see the module docstring."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "cuda_max_memory_allocated"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024), "process_rss_high_water_mark"
+
+
+def _slot_ids(result: SampleResult) -> torch.Tensor:
+    """The packed target at its slots (content, END, PAD): fixed length, so two results compare slot by slot."""
+    return torch.cat([result.target.ids[list(span.slots)] for span in result.target.spans])
+
+
+def agreement(results: list[SampleResult], reference: list[SampleResult]) -> float:
+    """Fraction of target slots equal to the reference's, over all samples."""
+    same = sum(int((_slot_ids(a) == _slot_ids(b)).sum()) for a, b in zip(results, reference))
+    return same / sum(len(_slot_ids(b)) for b in reference)
+
+
+def timed_generate(model, layout, requests: list[Request], config: SamplerConfig):
+    """(results, wall seconds, peak memory bytes, memory kind) of one batched :func:`generate` call."""
+    device = model.device
+    _peak_memory_reset(device)
+    start = time.perf_counter()
+    results = generate(model, layout, requests, config)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    wall = time.perf_counter() - start
+    return (results, wall, *_peak_memory(device))
+
+
+def _row(direction: str, setting: Setting, config: SamplerConfig, results: list[SampleResult], wall: float,
+         memory: tuple[int, str]) -> dict:
+    generated = sum(sum(r.commits_per_step) for r in results)
+    passes = sum(r.forward_passes for r in results)
+    return {"direction": direction, "setting": setting.name, "mode": config.mode, "schedule": config.schedule,
+            "steps": config.steps, "tau": config.tau if config.mode == "threshold" else None,
+            "use_cache": config.use_cache, "samples": len(results),
+            "generated_slots": generated / len(results), "forward_passes": passes / len(results),
+            "tpf": generated / passes, "wall_s_per_sample": wall / len(results),
+            "peak_memory_bytes": memory[0], "memory_kind": memory[1]}
+
+
+def bench_direction(pipe, direction: str, values: list, settings: list[Setting], seed: int = 0,
+                    temperature: float = 0.0) -> list[dict]:
+    """One row per (setting, cache on/off) for ``values`` (the raw conditions) in ``direction``."""
+    condition, target = parse_direction(direction)
+    model, layout = pipe.backbone, pipe.layout
+    requests = [Request([(condition, ids)], [target]) for ids in encode_conditions(pipe, condition, values)]
+    n_slots = target_slots(layout, target)
+    for use_cache in (True, False):  # warm-up of both paths, untimed
+        generate(model, layout, requests[:1], SamplerConfig(steps=1, seed=seed, use_cache=use_cache))
+    rows, reference, tokens = [], None, {}
+    for setting in settings:
+        for use_cache in (True, False):
+            config = setting.config(n_slots, use_cache, seed, temperature)
+            results, wall, *memory = timed_generate(model, layout, requests, config)
+            reference = reference if reference is not None else results  # the first setting is the reference
+            tokens[use_cache] = [_slot_ids(r) for r in results]
+            rows.append(_row(direction, setting, config, results, wall, memory)
+                        | {"agreement": agreement(results, reference)})
+        same = all(torch.equal(a, b) for a, b in zip(tokens[True], tokens[False]))
+        cached, uncached = rows[-2], rows[-1]
+        for row in (cached, uncached):
+            row["cache_speedup"] = uncached["wall_s_per_sample"] / cached["wall_s_per_sample"]
+            row["cache_tokens_identical"] = same
+    return rows
+
+
+def bench_sample(pipe, conditions: dict[str, list], directions=DEFAULT_DIRECTIONS, taus=DEFAULT_TAUS,
+                 steps=DEFAULT_STEPS, seed: int = 0, temperature: float = 0.0, model_path: str | None = None,
+                 progress=None) -> dict:
+    """The whole sweep. ``conditions``: raw condition values per modality (the same N for every direction that
+    reads that modality). Returns a JSON-ready report: settings, device, memory kind and one row per measure."""
+    settings = sweep(taus, steps)
+    rows = []
+    for direction in directions:
+        condition, _ = parse_direction(direction)
+        if not conditions.get(condition):
+            raise InputError(f"direction {direction} needs {condition} conditions; none were given")
+        rows += bench_direction(pipe, direction, conditions[condition], settings, seed, temperature)
+        if progress is not None:
+            progress(direction)
+    device = pipe.backbone.device
+    return {"model": None if model_path is None else str(model_path), "seed": seed, "temperature": temperature,
+            "device": str(device), "torch_threads": torch.get_num_threads(),
+            "samples": {m: len(v) for m, v in conditions.items()}, "directions": list(directions),
+            "taus": [float(t) for t in taus], "steps": [int(n) for n in steps],
+            "settings": [asdict(s) for s in settings], "reference": REFERENCE,
+            "memory_kind": _peak_memory(device)[1], "rows": rows}
+
+
+# ---- reporting ----------------------------------------------------------------------------------------------------
+
+_COLUMNS = (("direction", "{:<13}"), ("setting", "{:<10}"), ("use_cache", "{!s:<5}"), ("forward_passes", "{:>7.1f}"),
+            ("tpf", "{:>6.2f}"), ("wall_s_per_sample", "{:>9.4f}"), ("peak_memory_bytes", "{:>8.1f}"),
+            ("agreement", "{:>6.3f}"), ("cache_speedup", "{:>6.2f}"), ("cache_tokens_identical", "{!s:<5}"))
+_HEADERS = ("direction", "setting", "cache", "passes", "TPF", "s/sample", "peak MiB", "agree", "speedup", "same")
+
+
+def format_table(report: dict) -> str:
+    """A fixed-width table, one line per row of the report."""
+    widths = [len(fmt.format(_example(key))) for key, fmt in _COLUMNS]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(_HEADERS, widths))]
+    for row in report["rows"]:
+        values = [row[key] / 2**20 if key == "peak_memory_bytes" else row[key] for key, _ in _COLUMNS]
+        lines.append("  ".join(fmt.format(v) for (_, fmt), v in zip(_COLUMNS, values)))
+    lines.append(f"peak memory: {report['memory_kind']}; agreement: with {report['reference']} "
+                 f"(confidence mode, one token per forward pass); speedup: wall(no cache) / wall(cache)")
+    return "\n".join(lines)
+
+
+def _example(key: str):
+    return {"direction": "", "setting": "", "use_cache": False, "cache_tokens_identical": False}.get(key, 0.0)
+
+
+def plot(report: dict, path: str | Path) -> Path:
+    """Agreement vs forward passes per sample (cached rows), one line per direction; log2 x axis."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for direction in report["directions"]:
+        points = sorted((r["forward_passes"], r["agreement"]) for r in report["rows"]
+                        if r["direction"] == direction and r["use_cache"])
+        axis.plot(*zip(*points), marker="o", label=direction)
+    axis.set_xscale("log", base=2)
+    axis.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    axis.set_xlabel("forward passes per sample")
+    axis.set_ylabel(f"agreement with {report['reference']}")
+    axis.set_ylim(-0.02, 1.02)
+    axis.set_title(f"sampler settings (seed {report['seed']}, temperature {report['temperature']:g})")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return Path(path)
+
+
+def save_report(report: dict, out: str | Path) -> tuple[Path, Path]:
+    """``out/bench_sample.json`` and ``out/bench_sample.png``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / "bench_sample.json"
+    json_path.write_text(json.dumps(report, indent=2))
+    return json_path, plot(report, out / "bench_sample.png")
+
+
+__all__ = ["DEFAULT_DIRECTIONS", "DEFAULT_STEPS", "DEFAULT_TAUS", "REFERENCE", "Setting", "agreement",
+           "bench_direction", "bench_sample", "encode_conditions", "format_table", "parse_direction", "plot",
+           "save_report", "sweep", "target_slots"]

@@ -1,0 +1,95 @@
+"""The sampling benchmark (inference/bench_sample.py, `unimodal bench sample`) on the tiny untrained model."""
+
+import json
+
+import numpy as np
+import pytest
+
+from inference.bench_sample import REFERENCE, bench_sample, format_table, parse_direction, save_report
+from unimodal.errors import InputError
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_model_dir):
+    from unimodal.pipeline import UniModal
+
+    return UniModal.from_pretrained(tiny_model_dir)
+
+
+def _conditions(pipe, n=2):
+    rng = np.random.default_rng(0)
+    size = pipe.image_codec.image_size
+    return {"text": ["a small red circle on the left", "a big blue square"][:n],
+            "image": [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(n)],
+            "audio": [(0.1 * rng.standard_normal(8000)).astype(np.float32) for _ in range(n)]}
+
+
+@pytest.fixture(scope="module")
+def report(pipe, tiny_model_dir):
+    directions = ["text->image", "image->text", "audio->text", "text->audio"]
+    return bench_sample(pipe, _conditions(pipe), directions, taus=[0.5, 0.9], steps=[2, 4], seed=0,
+                        model_path=str(tiny_model_dir))
+
+
+def test_every_setting_with_and_without_cache(report):
+    names = {(row["direction"], row["setting"], row["use_cache"]) for row in report["rows"]}
+    settings = [REFERENCE, "tau=0.5", "tau=0.9", "steps=2", "steps=4"]
+    assert names == {(d, s, c) for d in report["directions"] for s in settings for c in (True, False)}
+    assert len(report["rows"]) == len(names)
+
+
+def test_tpf_times_passes_is_generated_slots(report):
+    for row in report["rows"]:
+        assert row["tpf"] * row["forward_passes"] == pytest.approx(row["generated_slots"])
+        assert row["forward_passes"] >= 1 and row["wall_s_per_sample"] > 0 and row["peak_memory_bytes"] > 0
+
+
+def test_confidence_mode_passes_follow_the_step_count(report):
+    for row in report["rows"]:
+        if row["direction"] == "text->image" and row["setting"].startswith("steps="):
+            assert row["forward_passes"] == row["steps"]  # images have no END: every step is a model call
+        if row["direction"] == "text->image" and row["setting"] == REFERENCE:
+            assert row["tpf"] == 1.0  # one token per pass
+
+
+def test_cache_does_not_change_tokens(report):
+    for row in report["rows"]:
+        assert row["cache_tokens_identical"] is True
+        assert row["cache_speedup"] > 0
+
+
+def test_reference_agrees_with_itself(report):
+    for row in report["rows"]:
+        if row["setting"] == REFERENCE:
+            assert row["agreement"] == 1.0
+        assert 0.0 <= row["agreement"] <= 1.0
+
+
+def test_json_png_and_table(report, tmp_path):
+    json_path, png_path = save_report(report, tmp_path / "out")
+    saved = json.loads(json_path.read_text())
+    assert saved["rows"] == report["rows"] and saved["seed"] == 0 and saved["model"] == report["model"]
+    assert saved["memory_kind"] in ("process_rss_high_water_mark", "cuda_max_memory_allocated")
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = format_table(report)
+    assert len(table.splitlines()) == len(report["rows"]) + 2 and "agree" in table
+
+
+def test_bad_direction_is_a_clear_error(pipe):
+    with pytest.raises(InputError, match="CONDITION->TARGET"):
+        parse_direction("text=>image")
+    with pytest.raises(InputError, match="needs audio conditions"):
+        bench_sample(pipe, {"text": ["a red circle"]}, ["audio->image"], taus=[0.9], steps=[2])
+
+
+def test_cli_bench_sample(tiny_model_dir, tmp_path, capsys):
+    from unimodal.cli import main
+
+    out = tmp_path / "bench"
+    assert main(["bench", "sample", "--model", str(tiny_model_dir), "--device", "cpu", "--n", "1",
+                 "--directions", "text->image,image->text", "--taus", "0.9", "--steps", "2",
+                 "--out", str(out)]) == 0
+    saved = json.loads((out / "bench_sample.json").read_text())
+    assert saved["directions"] == ["text->image", "image->text"] and saved["model"] == str(tiny_model_dir)
+    assert (out / "bench_sample.png").is_file()
+    assert "text->image" in capsys.readouterr().out
