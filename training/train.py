@@ -176,6 +176,14 @@ def plot_history(history: list[dict], path: Path) -> bool:
     return True
 
 
+def write_history(out_dir: Path, history: list[dict]) -> None:
+    """``history.json`` and ``val_loss.png`` beside the checkpoint, so a running job can be watched."""
+    tmp = out_dir / "history.json.tmp"
+    tmp.write_text(json.dumps(history, indent=1))
+    tmp.replace(out_dir / "history.json")
+    plot_history(history, out_dir / "val_loss.png")
+
+
 def resolve_data(names: list[str] | tuple[str, ...]) -> list[Path]:
     """Each entry: an embedded set name (built into the cache on first use), a built data set folder, or a
     JSONL manifest of the user's own data (see ``training.data.folder``)."""
@@ -296,15 +304,14 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path, cfg: Trai
             save_atomic({"config": asdict(cfg), "model": accelerator.unwrap_model(model).state_dict(),
                          "optimizer": optimizer.state_dict(), "ema": ema.shadow, "history": history,
                          "step": step + 1, "data": [str(d) for d in data_dirs], "codecs": str(codec_dir)}, ckpt_path)
+            write_history(out_dir, history)
     accelerator.wait_for_everyone()
     checksums = replica_checksums(accelerator, model)
     if accelerator.is_main_process:
         with open(out_dir / "replica_checksums.json", "w") as f:
             json.dump(checksums, f)
         write_model_folder(out_dir / "model", accelerator.unwrap_model(model), ema, stack, codec_dir, cfg)
-        with open(out_dir / "history.json", "w") as f:
-            json.dump(history, f, indent=1)
-        plot_history(history, out_dir / "val_loss.png")
+        write_history(out_dir, history)
     return out_dir / "model"
 
 
