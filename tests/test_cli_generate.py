@@ -118,3 +118,12 @@ def test_serve_stdio_answers_each_line_and_survives_bad_requests(model_dir, tmp_
     assert responses[3]["error"]["type"] == "InputError"
     assert "not supported yet" in responses[4]["error"]["message"]
     assert responses[5]["result"]["modalities"] == ["text"] and responses[5]["result"]["settings"]["seed"] == 1
+
+
+def test_every_direction_demo_writes_its_files(tiny_model_dir, tmp_path):
+    from demos.every_direction import main as demo
+
+    demo(["--model", str(tiny_model_dir), "--out", str(tmp_path / "demo"), "--caption", "a red circle"])
+    for name in ("text_to_image.png", "text_to_audio.wav", "image_to_text.txt", "audio_to_image.png",
+                 "joint/image.png", "joint/audio.wav", "joint/text.txt", "summary.json"):
+        assert (tmp_path / "demo" / name).exists(), name
