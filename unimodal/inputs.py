@@ -22,18 +22,23 @@ def as_text(value, name: str = "text") -> str:
     return value
 
 
+def _from_file(value, name: str, load):
+    """``load(path)`` for an existing file, its failure re-raised as an InputError naming the argument."""
+    path = Path(value)
+    if not path.is_file():
+        raise InputError(f"{name}: no such file {str(path)!r}")
+    try:
+        return load(path)
+    except DataError as exc:
+        raise InputError(f"{name}: {exc}") from exc
+
+
 def as_image(value, size: int, name: str = "image") -> np.ndarray:
     """A PIL image, an (H, W, 3) / (H, W) uint8 array or a file path -> (size, size, 3) uint8."""
-    from training.data.folder import load_image
+    from training.data.folder import load_image, square_resize
 
     if isinstance(value, (str, os.PathLike)):
-        path = Path(value)
-        if not path.is_file():
-            raise InputError(f"{name}: no such file {str(path)!r}")
-        try:
-            return load_image(path, size)
-        except DataError as exc:
-            raise InputError(f"{name}: {exc}") from exc
+        return _from_file(value, name, lambda path: load_image(path, size))
     if isinstance(value, Image.Image):
         value = np.asarray(value.convert("RGB"))
     if not isinstance(value, np.ndarray):
@@ -48,13 +53,7 @@ def as_image(value, size: int, name: str = "image") -> np.ndarray:
             array = np.round(array * 255)
         else:
             raise InputError(f"{name} array must be uint8 (0..255) or float in [0, 1], got {array.dtype}")
-    image = Image.fromarray(array[:, :, :3].astype(np.uint8))
-    if image.size != (size, size):
-        w, h = image.size
-        side = min(w, h)
-        image = image.crop(((w - side) // 2, (h - side) // 2, (w - side) // 2 + side, (h - side) // 2 + side))
-        image = image.resize((size, size), Image.LANCZOS)
-    return np.asarray(image, dtype=np.uint8)
+    return square_resize(Image.fromarray(array[:, :, :3].astype(np.uint8)), size)
 
 
 def as_audio(value, sample_rate: int | None = None, name: str = "audio") -> np.ndarray:
@@ -64,13 +63,7 @@ def as_audio(value, sample_rate: int | None = None, name: str = "audio") -> np.n
     from training.data.speech import resample
 
     if isinstance(value, (str, os.PathLike)):
-        path = Path(value)
-        if not path.is_file():
-            raise InputError(f"{name}: no such file {str(path)!r}")
-        try:
-            return load_audio(path, SAMPLE_RATE)
-        except DataError as exc:
-            raise InputError(f"{name}: {exc}") from exc
+        return _from_file(value, name, lambda path: load_audio(path, SAMPLE_RATE))
     if isinstance(value, tuple) and len(value) == 2:
         value, sample_rate = value
     if not isinstance(value, np.ndarray) or not np.issubdtype(value.dtype, np.number):

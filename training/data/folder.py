@@ -34,10 +34,16 @@ def load_image(path: str | os.PathLike, size: int = IMAGE_SIZE) -> np.ndarray:
             img = img.convert("RGB")
     except (OSError, UnidentifiedImageError) as exc:
         raise DataError(f"cannot read image {path}: {exc}") from exc
-    w, h = img.size
-    side = min(w, h)
-    left, top = (w - side) // 2, (h - side) // 2
-    img = img.crop((left, top, left + side, top + side)).resize((size, size), Image.LANCZOS)
+    return square_resize(img, size)
+
+
+def square_resize(img: Image.Image, size: int = IMAGE_SIZE) -> np.ndarray:
+    """Centre square crop, then Lanczos resize to (size, size); an image already that size is kept as is."""
+    if img.size != (size, size):
+        w, h = img.size
+        side = min(w, h)
+        left, top = (w - side) // 2, (h - side) // 2
+        img = img.crop((left, top, left + side, top + side)).resize((size, size), Image.LANCZOS)
     return np.asarray(img, dtype=np.uint8)
 
 
