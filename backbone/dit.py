@@ -163,6 +163,14 @@ def attention_visibility(is_target: torch.Tensor, attention_mask: torch.Tensor) 
     return visible[:, None]  # (B, 1, L, L)
 
 
+def causal_visibility(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, 1, L, L) bool for a causal (autoregressive) model: query i sees real keys j <= i, and itself."""
+    length = attention_mask.shape[1]
+    earlier = torch.ones(length, length, dtype=torch.bool, device=attention_mask.device).tril()  # (L, L)
+    itself = torch.eye(length, dtype=torch.bool, device=attention_mask.device)
+    return ((attention_mask[:, None, :] & earlier) | itself)[:, None]  # (B, 1, L, L)
+
+
 def target_visibility(cond_mask: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:
     """(B, 1, L_t, L_c + L_t) bool: targets see the real conditions, the real targets and themselves."""
     cond_len, target_len = cond_mask.shape[1], target_mask.shape[1]
@@ -278,9 +286,11 @@ class DiT(ModelMixin, ConfigMixin):
     def __init__(self, vocab_size: int, hidden_size: int = 384, num_layers: int = 8, num_heads: int = 6,
                  mlp_ratio: float = 4.0, num_segments: int = 4, rope_theta: float = 10000.0,
                  critic_hidden: int = 128, dropout: float = 0.0, norm_eps: float = 1e-6,
-                 use_output_bias: bool = True):
+                 use_output_bias: bool = True, causal: bool = False):
         super().__init__()
         _check_config(vocab_size, hidden_size, num_layers, num_heads, num_segments, critic_hidden)
+        if not isinstance(causal, bool):
+            raise InputError(f"DiT causal must be a bool, got {causal!r}")
         self.token_embedding = nn.Embedding(vocab_size, hidden_size)
         self.segment_embedding = nn.Embedding(num_segments, hidden_size)
         self.t_embedder = TimestepEmbedder(hidden_size)
@@ -357,7 +367,7 @@ class DiT(ModelMixin, ConfigMixin):
         x = self.embed(ids, segment_ids)  # (B, L, D)
         c_pair = self.condition_pair(t)  # (B, 2, D)
         rope = self.rotary(positions)  # (B, 1, L, hd) x2
-        visible = attention_visibility(is_target, attention_mask)  # (B, 1, L, L)
+        visible = self._visibility(is_target, attention_mask)  # (B, 1, L, L)
         for block in self.blocks:
             x, _ = block(x, c_pair, is_target, rope, visible)  # (B, L, D)
         return self.heads(x, c_pair, is_target)
@@ -371,7 +381,7 @@ class DiT(ModelMixin, ConfigMixin):
         x = self.embed(ids, segment_ids)  # (B, L, D)
         c_pair = self.condition_pair(torch.zeros(ids.shape[0], device=ids.device))  # (B, 2, D)
         rope = self.rotary(positions)  # (B, 1, L, hd) x2
-        visible = attention_visibility(is_target, attention_mask)  # (B, 1, L, L)
+        visible = self._visibility(is_target, attention_mask)  # (B, 1, L, L)
         keys, values = [], []
         for block in self.blocks:
             x, (k, v) = block(x, c_pair, is_target, rope, visible)  # (B, L, D), (B, H, L, hd) x2
@@ -385,6 +395,9 @@ class DiT(ModelMixin, ConfigMixin):
 
         Equals :meth:`forward` on the conditions followed by these targets (``is_target`` True on them).
         """
+        if self.config.causal:
+            raise InputError("forward_targets is for masked-diffusion models; a causal (autoregressive) model "
+                             "decodes with extend()")
         attention_mask = self._check_sequence(ids, segment_ids, positions, attention_mask)
         _check_t(t, ids.shape[0])
         self._check_cache(cache, ids.shape[0])
@@ -397,12 +410,44 @@ class DiT(ModelMixin, ConfigMixin):
             x, _ = block(x, c_pair, is_target, rope, visible, past=(k, v))  # (B, L_t, D)
         return self.heads(x, c_pair, is_target)
 
+    def extend(self, ids, segment_ids, positions, cache: ConditionCache,
+               attention_mask=None) -> tuple[DiTOutput, ConditionCache]:
+        """Causal models: run new tokens over a key/value cache of the tokens before them (a KV-cache step).
+
+        Each new token sees every real cached token and the real new tokens up to itself; returns the
+        outputs of the new tokens and the cache grown by their keys/values (their padding stays invisible).
+        With an empty cache it is :meth:`forward` of a causal model (t = 0 everywhere).
+        """
+        if not self.config.causal:
+            raise InputError("extend() is the key/value-cache step of a causal (autoregressive) model; a "
+                             "masked-diffusion model uses encode_condition() + forward_targets()")
+        attention_mask = self._check_sequence(ids, segment_ids, positions, attention_mask)
+        self._check_cache(cache, ids.shape[0])
+        is_target = torch.zeros_like(attention_mask)  # (B, L_n): t = 0 for every token of a causal model
+        x = self.embed(ids, segment_ids)  # (B, L_n, D)
+        c_pair = self.condition_pair(torch.zeros(ids.shape[0], device=ids.device))  # (B, 2, D)
+        rope = self.rotary(positions)  # (B, 1, L_n, hd) x2
+        past_mask = cache.attention_mask.to(ids.device)  # (B, L_p)
+        visible = causal_visibility(torch.cat([past_mask, attention_mask], dim=1))[:, :, past_mask.shape[1]:]
+        keys, values = [], []
+        for block, k, v in zip(self.blocks, cache.keys, cache.values):
+            x, (new_k, new_v) = block(x, c_pair, is_target, rope, visible, past=(k, v))  # (B, L_n, D)
+            keys.append(torch.cat([k.to(new_k.dtype), new_k], dim=2))
+            values.append(torch.cat([v.to(new_v.dtype), new_v], dim=2))
+        grown = ConditionCache(tuple(keys), tuple(values), torch.cat([past_mask, attention_mask], dim=1))
+        return self.heads(x, c_pair, is_target), grown
+
     def empty_condition(self, batch_size: int, device=None) -> ConditionCache:
         """A cache of zero condition tokens (an unconditional pass, e.g. for classifier-free guidance)."""
         device = self.device if device is None else device
         shape = (batch_size, self.config.num_heads, 0, self.head_dim)
         empty = tuple(torch.zeros(shape, device=device, dtype=self.dtype) for _ in self.blocks)
         return ConditionCache(empty, empty, torch.zeros(batch_size, 0, dtype=torch.bool, device=device))
+
+    def _visibility(self, is_target: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.config.causal:
+            return causal_visibility(attention_mask)
+        return attention_visibility(is_target, attention_mask)
 
     # ---- input checks ----
 

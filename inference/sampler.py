@@ -205,20 +205,26 @@ class _Prepared:
 def generate(model, layout: Layout, requests: Request | Sequence[Request],
              config: SamplerConfig | None = None) -> list[SampleResult]:
     """Fill the targets of each request; one :class:`SampleResult` per request, in order."""
-    config = SamplerConfig() if config is None else config
-    if not isinstance(config, SamplerConfig):
-        raise InputError(f"config must be a SamplerConfig, got {type(config).__name__}")
-    requests = [requests] if isinstance(requests, Request) else list(requests)
-    if not requests:
-        raise InputError("generate needs at least one Request")
-    _check_model(model, layout)
-    base_seed = secrets.randbits(62) if config.seed is None else config.seed
-    prepared = [_prepare(layout, request, index, config, base_seed) for index, request in enumerate(requests)]
+    config, prepared = prepare_requests(model, layout, requests, config, "generate")
     results: list[SampleResult | None] = [None] * len(prepared)
     for group in _groups(prepared, config.max_batch_size):
         for item, result in zip(group, _run_group(model, layout, group, config)):
             results[item.index] = result
     return results
+
+
+def prepare_requests(model, layout: Layout, requests, config: SamplerConfig | None,
+                     caller: str) -> tuple[SamplerConfig, list[_Prepared]]:
+    """The config (default if None) and the validated requests, seeded; shared by every decoding loop."""
+    config = SamplerConfig() if config is None else config
+    if not isinstance(config, SamplerConfig):
+        raise InputError(f"config must be a SamplerConfig, got {type(config).__name__}")
+    requests = [requests] if isinstance(requests, Request) else list(requests)
+    if not requests:
+        raise InputError(f"{caller} needs at least one Request")
+    _check_model(model, layout)
+    base_seed = secrets.randbits(62) if config.seed is None else config.seed
+    return config, [_prepare(layout, request, index, config, base_seed) for index, request in enumerate(requests)]
 
 
 def _check_model(model, layout: Layout) -> None:

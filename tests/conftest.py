@@ -67,12 +67,12 @@ def random_tiny_dit(vocab_size: int):
     return model
 
 
-def write_tiny_model(codec_dir, out, task_weights=TASKS):
+def write_tiny_model(codec_dir, out, task_weights=TASKS, max_text_len=12):
     """A model folder exactly as training writes it (training.train.write_model_folder), with a random DiT."""
     from training.tokens import CodecStack
     from training.train import EMA, TrainConfig, write_model_folder
 
-    stack = CodecStack.load(codec_dir, max_text_len=12, max_audio_len=16)
+    stack = CodecStack.load(codec_dir, max_text_len=max_text_len, max_audio_len=16)
     model = random_tiny_dit(stack.layout.vocab_size)
     cfg = TrainConfig(preset="tiny", task_weights=dict(task_weights))
     return write_model_folder(out, model, EMA(model, 0.999), stack, codec_dir, cfg)

@@ -4,6 +4,7 @@ import torch
 
 from tokenizers_mm import get_codec_class
 from tokenizers_mm.image import CosineEMAQuantizer, ImageCodec, ImageVQModel
+from training.checkpoint import load_checkpoint
 from training.codec_image import ImageCodecTrainConfig, evaluate_image_codec, train_image_codec, training_batch
 from unimodal.errors import InputError
 
@@ -93,7 +94,7 @@ def test_killed_training_resumes_to_the_same_weights(tmp_path, monkeypatch):
     monkeypatch.setattr(ci, "training_batch", dies_at_step_3)
     with pytest.raises(KeyboardInterrupt):
         train_image_codec(tmp_path / "b", cfg, progress=False)
-    assert ci.load_checkpoint(tmp_path / "b" / "checkpoint.pt")["step"] == 2
+    assert load_checkpoint(tmp_path / "b" / "checkpoint.pt")["step"] == 2
     monkeypatch.setattr(ci, "training_batch", real_batch)
     resumed = train_image_codec(tmp_path / "b", resume=True, progress=False)
     for (name, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):

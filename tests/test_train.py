@@ -123,10 +123,10 @@ def test_train_writes_model_and_resumes_exactly_after_a_kill(tiny_codec_dir, tin
 
     real = tr.make_examples
 
-    def killed_at_step_3(layout, tokens, mixture, indices, rng):
+    def killed_at_step_3(layout, tokens, mixture, indices, rng, **kwargs):
         if tr._current_step == 2:
             raise KeyboardInterrupt
-        return real(layout, tokens, mixture, indices, rng)
+        return real(layout, tokens, mixture, indices, rng, **kwargs)
 
     monkeypatch.setattr(tr, "make_examples", killed_at_step_3)
     with pytest.raises(KeyboardInterrupt):
@@ -199,3 +199,19 @@ def test_length_grouped_micro_batches_cut_padding(tiny_codec_dir):
     assert [len(g) for g in groups] == [2, 2]
     assert {e.task for e in groups[0]} == {"text->image"} and {e.task for e in groups[1]} == {"->text+image+audio"}
     assert sorted(e.task for g in groups for e in g) == sorted(tasks)
+
+
+def test_resume_keeps_the_runs_config_unless_steps_are_given(tmp_path):
+    from training.checkpoint import cli_config, resumed_config, save_atomic
+
+    assert cli_config(TrainConfig, tmp_path, resume=True, steps=None, lr=1e-3).lr == 1e-3  # nothing to resume yet
+    save_atomic({"config": {**TrainConfig(lr=5e-4, steps=10).__dict__, "retired_field": 1}, "step": 3},
+                tmp_path / "checkpoint.pt")
+    assert cli_config(TrainConfig, tmp_path, resume=True, steps=None, lr=1e-3) is None
+    cfg, state = resumed_config(TrainConfig, None, tmp_path / "checkpoint.pt", resume=True)
+    assert (cfg.lr, cfg.steps, state["step"]) == (5e-4, 10, 3)  # unknown keys of old checkpoints are dropped
+    longer = cli_config(TrainConfig, tmp_path, resume=True, steps=20, lr=1e-3)
+    cfg, _ = resumed_config(TrainConfig, longer, tmp_path / "checkpoint.pt", resume=True)
+    assert (cfg.lr, cfg.steps) == (5e-4, 20)
+    cfg, state = resumed_config(TrainConfig, longer, tmp_path / "checkpoint.pt", resume=False)
+    assert (cfg.lr, state) == (1e-3, None)

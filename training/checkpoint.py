@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -35,3 +36,27 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # a file that is not a checkpoint: say which
         raise DataError(f"{path} is not a readable checkpoint: {exc}") from exc
+
+
+def resumed_config(config_cls, cfg, ckpt_path: str | os.PathLike, resume: bool):
+    """``(config, state)`` at the start of a run. Resuming from an existing checkpoint: the run's own config,
+    except the total ``steps`` when ``cfg`` is given (to lengthen or shorten a run), and the checkpoint's
+    state; otherwise ``cfg`` (or the defaults) and None. Keys a newer config class no longer has are dropped
+    so an old checkpoint still resumes."""
+    ckpt_path = Path(ckpt_path)
+    if not (resume and ckpt_path.exists()):
+        return (cfg if cfg is not None else config_cls()), None
+    state = load_checkpoint(ckpt_path)
+    known = {f.name for f in fields(config_cls)}
+    saved = {k: v for k, v in state["config"].items() if k in known}
+    if cfg is not None:
+        saved["steps"] = cfg.steps
+    return config_cls(**saved), state
+
+
+def cli_config(config_cls, out_dir: str | os.PathLike, resume: bool, steps: int | None, **values):
+    """The config a ``--resume``-able command passes on: None when it resumes an existing run without a new
+    ``--steps`` (so the run keeps its own), else ``config_cls`` built from the command's flags."""
+    if resume and steps is None and (Path(out_dir) / "checkpoint.pt").exists():
+        return None
+    return config_cls(**values, **({} if steps is None else {"steps": steps}))

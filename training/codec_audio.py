@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from tokenizers_mm.audio import AudioCodec, AudioVQModel, MelFrontend, trim_silence
-from training.checkpoint import load_checkpoint, save_atomic
+from training.checkpoint import load_checkpoint, resumed_config, save_atomic
 from training.optim import warmup_cosine
 from unimodal.errors import DataError
 
@@ -146,11 +146,7 @@ def train_audio_codec(out_dir: str | Path, cfg: AudioCodecTrainConfig | None = N
                       progress: bool = True) -> AudioCodec:
     out_dir = Path(out_dir)
     ckpt_path = out_dir / "checkpoint.pt"
-    if resume and ckpt_path.exists():
-        state = load_checkpoint(ckpt_path)
-        cfg = AudioCodecTrainConfig(**state["config"])
-    else:
-        cfg, state = cfg or AudioCodecTrainConfig(), None
+    cfg, state = resumed_config(AudioCodecTrainConfig, cfg, ckpt_path, resume)
     torch.manual_seed(cfg.seed)
     model = AudioVQModel(**cfg.model)
     pool = load_or_build_pool(cfg, model, out_dir / "pool.pt", progress)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from tokenizers_mm.image import ImageCodec, ImageVQModel, to_pixels
-from training.checkpoint import load_checkpoint, save_atomic
+from training.checkpoint import resumed_config, save_atomic
 from training.optim import warmup_cosine
 from training.data import digits, photos, scenes
 
@@ -79,13 +79,7 @@ def train_image_codec(out_dir: str | Path, cfg: ImageCodecTrainConfig | None = N
                       progress: bool = True) -> ImageCodec:
     out_dir = Path(out_dir)
     ckpt_path = out_dir / "checkpoint.pt"
-    if resume and ckpt_path.exists():
-        state = load_checkpoint(ckpt_path)
-        # the run's own config, except a new total step count (to lengthen or shorten a run)
-        steps = cfg.steps if cfg is not None else state["config"]["steps"]
-        cfg = ImageCodecTrainConfig(**{**state["config"], "steps": steps})
-    else:
-        cfg, state = cfg or ImageCodecTrainConfig(), None
+    cfg, state = resumed_config(ImageCodecTrainConfig, cfg, ckpt_path, resume)
     torch.manual_seed(cfg.seed)
     model = ImageVQModel(**cfg.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)

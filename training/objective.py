@@ -2,6 +2,9 @@
 
 One loss for every modality and every direction: cross-entropy on the masked positions, weighted by
 ``1 / t`` and averaged over each sample's maskable positions (a per-token ELBO, as in MDLM and LLaDA).
+
+The autoregressive twin (``unimodal train --objective ar``), the baseline the diffusion model is measured
+against, uses :func:`next_token_loss` instead: the same targets, each predicted from the tokens before it.
 """
 
 from __future__ import annotations
@@ -47,3 +50,18 @@ def masked_token_accuracy(logits: torch.Tensor, batch: MaskedBatch) -> torch.Ten
     """Fraction of masked positions whose argmax is the clean token (a readable training signal)."""
     right = (logits.argmax(dim=-1) == batch.targets) & batch.masked
     return right.sum() / batch.masked.sum().clamp_min(1)
+
+
+def next_token_loss(logits: torch.Tensor, ids: torch.Tensor, predict: torch.Tensor) -> torch.Tensor:
+    """Autoregressive loss: token ``i`` is predicted from the logits at ``i - 1``, for the positions ``predict``
+    (B, L) bool (the target slots). Cross-entropy averaged over each sample's predicted tokens, then over the
+    batch, so every sample weighs the same as in :func:`masked_diffusion_loss`."""
+    ce = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")  # (B, L-1)
+    chosen = predict[:, 1:].to(ce.dtype)
+    return ((ce * chosen).sum(dim=1) / chosen.sum(dim=1).clamp_min(1)).mean()
+
+
+def next_token_accuracy(logits: torch.Tensor, ids: torch.Tensor, predict: torch.Tensor) -> torch.Tensor:
+    """Fraction of predicted positions whose argmax (at the position before) is the right token."""
+    right = (logits[:, :-1].argmax(dim=-1) == ids[:, 1:]) & predict[:, 1:]
+    return right.sum() / predict[:, 1:].sum().clamp_min(1)

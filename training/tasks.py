@@ -83,10 +83,14 @@ class Example:
     task: str
 
 
-def build_example(layout: Layout, tokens: Mapping[str, torch.Tensor], task: Task, drop_condition: bool = False) -> Example:
-    """Conditions first (plain segments), then targets (padded to full size so the model learns lengths)."""
+def build_example(layout: Layout, tokens: Mapping[str, torch.Tensor], task: Task, drop_condition: bool = False,
+                  pad_targets: bool = True) -> Example:
+    """Conditions first (plain segments), then targets. Masked diffusion pads targets to full size (so the
+    model learns lengths: it fills the slots after END with PAD); an autoregressive model ends a target at its
+    END marker (``pad_targets=False``)."""
     conditions = () if drop_condition else task.conditions
-    segments = [Segment(m, tokens[m]) for m in conditions] + [layout.padded_segment(m, tokens[m]) for m in task.targets]
+    target = layout.padded_segment if pad_targets else Segment
+    segments = [Segment(m, tokens[m]) for m in conditions] + [target(m, tokens[m]) for m in task.targets]
     packed = layout.pack(segments)
     is_target = torch.zeros(len(packed), dtype=torch.bool)
     maskable = torch.zeros(len(packed), dtype=torch.bool)

@@ -96,12 +96,12 @@ FOLDER_VAL_FRACTION = 0.05  # a user's manifest has no splits: every 20th record
 
 
 def _source_key(source: Path) -> str:
-    """Names a data source in the cache: a built set by folder name, a manifest by path and modification time."""
-    if source.is_file():
-        stat = source.stat()
-        digest = hashlib.sha256(f"{source.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:10]
-        return f"{source.stem}-{digest}"
-    return source.name
+    """Names a data source in the cache: its path and the modification time of its index file (a manifest, or a
+    built set's info.json), so two data sets with the same folder name never share cached tokens."""
+    index = source if source.is_file() else source / "info.json"
+    stat = index.stat()
+    digest = hashlib.sha256(f"{source.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:10]
+    return f"{source.stem if source.is_file() else source.name}-{digest}"
 
 
 def _load_samples(source: Path, split: str) -> list[Sample]:

@@ -22,14 +22,16 @@ import torch
 from tqdm.auto import tqdm
 
 from backbone.dit import DiT
-from training.checkpoint import load_checkpoint, save_atomic
-from training.objective import mask_targets, masked_diffusion_loss, masked_token_accuracy
+from training.checkpoint import resumed_config, save_atomic
+from training.objective import (mask_targets, masked_diffusion_loss, masked_token_accuracy, next_token_accuracy,
+                                next_token_loss)
 from training.optim import warmup_cosine
 from training.schedule import MaskSchedule
 from training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, TaskMixture, build_example, collate_examples
 from unimodal.errors import InputError
 
 _current_step = -1
+OBJECTIVES = ("diffusion", "ar")  # masked diffusion (the model) or next-token prediction (its autoregressive twin)
 VAL_RATIOS = (0.15, 0.35, 0.55, 0.75, 0.95)  # fixed mask ratios of the validation loss (low variance)
 
 
@@ -53,6 +55,19 @@ class TrainConfig:
     val_samples: int = 32  # per task
     checkpoint_every: int = 100
     seed: int = 0
+    objective: str = "diffusion"
+    train_subset: int | None = None  # train on the first N training samples only
+    snapshots: list = field(default_factory=list)  # steps at which to also write OUT/model-stepN
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise InputError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.train_subset is not None and self.train_subset < 1:
+            raise InputError(f"train_subset must be a positive number of samples, got {self.train_subset}")
+
+    @property
+    def autoregressive(self) -> bool:
+        return self.objective == "ar"
 
 
 def lr_factor(cfg: TrainConfig, step: int) -> float:
@@ -60,13 +75,14 @@ def lr_factor(cfg: TrainConfig, step: int) -> float:
     return warmup_cosine(step, cfg.steps, cfg.warmup, cfg.min_lr_ratio)
 
 
-def make_examples(layout, tokens: list[dict], mixture: TaskMixture, indices, rng: np.random.Generator):
+def make_examples(layout, tokens: list[dict], mixture: TaskMixture, indices, rng: np.random.Generator,
+                  pad_targets: bool = True):
     examples = []
     for index in indices:
         sample = tokens[int(index)]
         task = mixture.choose(rng, frozenset(sample))
         drop = bool(task.conditions) and rng.random() < mixture.cond_drop
-        examples.append(build_example(layout, sample, task, drop_condition=drop))
+        examples.append(build_example(layout, sample, task, drop_condition=drop, pad_targets=pad_targets))
     return examples
 
 
@@ -111,6 +127,23 @@ def step_loss(model, batch: ExampleBatch, schedule: MaskSchedule, generator: tor
     return loss, masked_token_accuracy(out.logits, masked_on_device)
 
 
+def ar_step_loss(model, batch: ExampleBatch):
+    """The autoregressive twin's step: one causal forward, next-token loss on the target slots."""
+    b = batch.batch
+    device = next(model.parameters()).device
+    ids, predict = b.ids.to(device), batch.maskable.to(device)
+    t = torch.zeros(ids.shape[0], device=device)  # a causal model sees clean tokens only
+    out = model(ids, t, b.segment_ids.to(device), b.positions.to(device), batch.is_target.to(device),
+                b.attention_mask.to(device))
+    loss = next_token_loss(out.logits, ids, predict) + 0.0 * out.critic.mean()  # critic: see step_loss
+    return loss, next_token_accuracy(out.logits, ids, predict)
+
+
+def objective_loss(model, batch: ExampleBatch, cfg: "TrainConfig", schedule: MaskSchedule,
+                   generator: torch.Generator):
+    return ar_step_loss(model, batch) if cfg.autoregressive else step_loss(model, batch, schedule, generator)
+
+
 class EMA:
     """Exponential moving average of the weights; the shipped model uses these."""
 
@@ -138,7 +171,11 @@ def validation_losses(model, layout, tokens: list[dict], mixture: TaskMixture, c
         samples = [s for s in tokens if task.modalities <= frozenset(s)][: cfg.val_samples]
         if not samples:
             continue
-        batch = collate_examples([build_example(layout, s, task) for s in samples])
+        batch = collate_examples([build_example(layout, s, task, pad_targets=not cfg.autoregressive)
+                                  for s in samples])
+        if cfg.autoregressive:  # exact, no masks to draw
+            losses[task.name] = float(ar_step_loss(model, batch)[0])
+            continue
         total = 0.0
         for i, ratio in enumerate(VAL_RATIOS):
             generator = torch.Generator().manual_seed(1000 + i)
@@ -150,7 +187,7 @@ def validation_losses(model, layout, tokens: list[dict], mixture: TaskMixture, c
     return losses
 
 
-def plot_history(history: list[dict], path: Path) -> bool:
+def plot_history(history: list[dict], path: Path, objective: str = "diffusion") -> bool:
     """Validation loss per task against steps, as a PNG. False when matplotlib is missing."""
     try:
         import matplotlib
@@ -166,7 +203,8 @@ def plot_history(history: list[dict], path: Path) -> bool:
     for task in rows[-1]["val"]:
         ax.plot([h["step"] for h in rows], [h["val"].get(task, float("nan")) for h in rows], marker="o", label=task)
     ax.set_xlabel("step")
-    ax.set_ylabel("validation loss (masked-diffusion ELBO per token)")
+    ax.set_ylabel("validation loss (next-token cross-entropy)" if objective == "ar"
+                  else "validation loss (masked-diffusion ELBO per token)")
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -176,12 +214,12 @@ def plot_history(history: list[dict], path: Path) -> bool:
     return True
 
 
-def write_history(out_dir: Path, history: list[dict]) -> None:
+def write_history(out_dir: Path, history: list[dict], objective: str = "diffusion") -> None:
     """``history.json`` and ``val_loss.png`` beside the checkpoint, so a running job can be watched."""
     tmp = out_dir / "history.json.tmp"
     tmp.write_text(json.dumps(history, indent=1))
     tmp.replace(out_dir / "history.json")
-    plot_history(history, out_dir / "val_loss.png")
+    plot_history(history, out_dir / "val_loss.png", objective)
 
 
 def resolve_data(names: list[str] | tuple[str, ...]) -> list[Path]:
@@ -239,11 +277,7 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path, cfg: Trai
 
     out_dir, codec_dir = Path(out_dir), Path(codec_dir)
     ckpt_path = out_dir / "checkpoint.pt"
-    state = load_checkpoint(ckpt_path) if resume and ckpt_path.exists() else None
-    if state is not None:
-        steps = cfg.steps if cfg is not None else state["config"]["steps"]
-        cfg = TrainConfig(**{**state["config"], "steps": steps})
-    cfg = cfg or TrainConfig()
+    cfg, state = resumed_config(TrainConfig, cfg, ckpt_path, resume)
     from accelerate.state import AcceleratorState
 
     # accelerate keeps its settings in a per-process singleton; a second run in the same process (a notebook,
@@ -259,8 +293,13 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path, cfg: Trai
     with accelerator.main_process_first():
         train_tokens = _load_tokens(stack, codec_dir, data_dirs, "train", progress and accelerator.is_main_process)
         val_tokens = _load_tokens(stack, codec_dir, data_dirs, "val", progress and accelerator.is_main_process)
+    if cfg.train_subset is not None:
+        if cfg.train_subset > len(train_tokens):
+            raise InputError(f"train_subset {cfg.train_subset} is more than the {len(train_tokens)} training samples")
+        train_tokens = train_tokens[:cfg.train_subset]
     torch.manual_seed(cfg.seed)
-    model = DiT.from_preset(cfg.preset, stack.layout.vocab_size, **cfg.model_overrides)
+    model = DiT.from_preset(cfg.preset, stack.layout.vocab_size, **{**cfg.model_overrides,
+                                                                    "causal": cfg.autoregressive})
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     ema, history, start = EMA(model, cfg.ema_decay), [], 0
     if state is not None:
@@ -281,12 +320,12 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path, cfg: Trai
         generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
         mine = global_batch_indices(len(train_tokens), cfg, step)[rank::world]
         t0, tokens_seen, losses = time.perf_counter(), 0, []
-        examples = make_examples(stack.layout, train_tokens, mixture, mine, rng)
+        examples = make_examples(stack.layout, train_tokens, mixture, mine, rng, pad_targets=not cfg.autoregressive)
         for chunk in length_grouped(examples, cfg.grad_accum):
             batch = collate_examples(chunk)
             tokens_seen += int(batch.batch.attention_mask.sum())
             with accelerator.accumulate(model):
-                loss, acc = step_loss(model, batch, schedule, generator)
+                loss, acc = objective_loss(model, batch, cfg, schedule, generator)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and cfg.grad_clip:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -300,18 +339,21 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path, cfg: Trai
         if (step + 1) % cfg.val_every == 0 or step + 1 == cfg.steps:
             record["val"] = validation_losses(model, stack.layout, val_tokens, mixture, cfg)
         history.append(record)
+        if accelerator.is_main_process and step + 1 in cfg.snapshots:
+            write_model_folder(out_dir / f"model-step{step + 1}", accelerator.unwrap_model(model), ema, stack,
+                               codec_dir, cfg)
         if accelerator.is_main_process and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
             save_atomic({"config": asdict(cfg), "model": accelerator.unwrap_model(model).state_dict(),
                          "optimizer": optimizer.state_dict(), "ema": ema.shadow, "history": history,
                          "step": step + 1, "data": [str(d) for d in data_dirs], "codecs": str(codec_dir)}, ckpt_path)
-            write_history(out_dir, history)
+            write_history(out_dir, history, cfg.objective)
     accelerator.wait_for_everyone()
     checksums = replica_checksums(accelerator, model)
     if accelerator.is_main_process:
         with open(out_dir / "replica_checksums.json", "w") as f:
             json.dump(checksums, f)
         write_model_folder(out_dir / "model", accelerator.unwrap_model(model), ema, stack, codec_dir, cfg)
-        write_history(out_dir, history)
+        write_history(out_dir, history, cfg.objective)
     return out_dir / "model"
 
 
@@ -332,7 +374,9 @@ def add_arguments(parser) -> None:
                         help="folder holding text/, image/ and audio/ codecs (default: the codecs shipped in the "
                              "package, else ~/.cache/unimodal/codecs)")
     parser.add_argument("--out", required=True, help="run folder: checkpoint.pt, history.json, val_loss.png, model/")
-    parser.add_argument("--steps", type=int, default=TrainConfig.steps)
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"total optimizer steps (default {TrainConfig.steps}; with --resume, the run's own "
+                             f"total unless given)")
     parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size, help="global batch size")
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--lr", type=float, default=TrainConfig.lr)
@@ -340,14 +384,38 @@ def add_arguments(parser) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=TrainConfig.checkpoint_every)
     parser.add_argument("--no-bf16", action="store_true", help="train in float32")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--objective", choices=OBJECTIVES, default="diffusion",
+                        help="diffusion (the model) or ar: its autoregressive twin (same backbone, causal mask, "
+                             "next-token loss), the baseline of `unimodal bench versus-ar`")
+    parser.add_argument("--train-subset", type=int, default=None,
+                        help="train on the first N training samples only (data-efficiency runs: many epochs)")
+    parser.add_argument("--snapshots", type=_step_list, default=[],
+                        help="comma-separated steps at which to also write OUT/model-stepN (EMA weights)")
+    parser.add_argument("--ema-decay", type=float, default=TrainConfig.ema_decay)
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (its config wins, "
                                                               "except --steps)")
 
 
+def _step_list(text: str) -> list[int]:
+    import argparse
+
+    try:
+        steps = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated step numbers, got {text!r}") from None
+    if any(step < 1 for step in steps):
+        raise argparse.ArgumentTypeError(f"snapshot steps must be >= 1, got {text!r}")
+    return steps
+
+
 def run_from_args(args) -> int:
-    cfg = TrainConfig(preset=args.preset, steps=args.steps, batch_size=args.batch_size, grad_accum=args.grad_accum,
-                      lr=args.lr, val_every=args.val_every, checkpoint_every=args.checkpoint_every,
-                      bf16=not args.no_bf16, seed=args.seed)
+    from training.checkpoint import cli_config
+
+    cfg = cli_config(TrainConfig, args.out, args.resume, args.steps, preset=args.preset, batch_size=args.batch_size,
+                     grad_accum=args.grad_accum, lr=args.lr, val_every=args.val_every,
+                     checkpoint_every=args.checkpoint_every, bf16=not args.no_bf16, seed=args.seed,
+                     objective=args.objective, train_subset=args.train_subset, snapshots=args.snapshots,
+                     ema_decay=args.ema_decay)
     model_dir = train(args.out, [d for d in args.data.split(",") if d], args.codecs, cfg, resume=args.resume)
     print(model_dir)
     return 0

@@ -72,14 +72,18 @@ def _cmd_codec_train(args) -> int:
 
         TextCodec.train(default_corpus(seed=args.seed)).save_pretrained(f"{out}/codec")
     elif args.modality == "image":
+        from training.checkpoint import cli_config
         from training.codec_image import ImageCodecTrainConfig, train_image_codec
 
-        cfg = ImageCodecTrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
+        cfg = cli_config(ImageCodecTrainConfig, out, args.resume, args.steps, batch_size=args.batch_size,
+                         seed=args.seed)
         train_image_codec(out, cfg, resume=args.resume)
     else:
+        from training.checkpoint import cli_config
         from training.codec_audio import AudioCodecTrainConfig, train_audio_codec
 
-        cfg = AudioCodecTrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
+        cfg = cli_config(AudioCodecTrainConfig, out, args.resume, args.steps, batch_size=args.batch_size,
+                         seed=args.seed)
         train_audio_codec(out, cfg, resume=args.resume)
     print(out)
     return 0
@@ -111,10 +115,12 @@ def add_codec_commands(sub) -> None:
     train.add_argument("modality", choices=["text", "image", "audio"])
     train.add_argument("--out", default=None, help="run folder (default: ~/.cache/unimodal/codecs/MODALITY); "
                                                    "the trained codec lands in OUT/codec")
-    train.add_argument("--steps", type=int, default=2000)
+    train.add_argument("--steps", type=int, default=None,
+                       help="total steps (default 2000; with --resume, the run's own total unless given)")
     train.add_argument("--batch-size", type=int, default=32)
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (its config wins, "
+                                                              "except --steps)")
     train.set_defaults(func=_cmd_codec_train)
     evaluate = codec.add_parser("eval", help="measure a trained codec on held-out data")
     evaluate.add_argument("modality", choices=["image", "audio"])
@@ -256,6 +262,9 @@ def add_bench_commands(sub) -> None:
     train.add_argument("--json", default=None)
     train.set_defaults(func=_cmd_bench_train)
     _add_bench_sample_command(bench)
+    from unimodal.cli_eval import add_versus_ar_command
+
+    add_versus_ar_command(bench)
 
 
 def _parse_cfg(value: str):
@@ -349,8 +358,14 @@ def add_serve_command(sub) -> None:
     serve.set_defaults(func=_cmd_serve)
 
 
+def add_eval_commands(sub) -> None:
+    from unimodal.cli_eval import add_eval_command
+
+    add_eval_command(sub)
+
+
 COMMAND_GROUPS = [add_data_commands, add_codec_commands, add_judge_commands, add_train_command, add_bench_commands,
-                  add_generate_commands, add_serve_command]
+                  add_eval_commands, add_generate_commands, add_serve_command]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,6 +34,7 @@ from PIL import Image
 from transformers import PreTrainedTokenizerFast
 
 from backbone.dit import DiT
+from inference.ar import generate_autoregressive
 from inference.sampler import Request, SampleResult, SamplerConfig
 from inference.sampler import generate as sample
 from inference.schedulers import MaskedDiffusionScheduler
@@ -141,6 +142,12 @@ class UniModal(DiffusionPipeline):
         return self._codec("audio", lambda: AudioCodec(self.audio_vq))
 
     @property
+    def autoregressive(self) -> bool:
+        """True for the autoregressive twin (a causal backbone): it decodes token by token with a KV cache and
+        ignores ``steps``, ``mode``, ``tau`` and ``cfg``."""
+        return bool(getattr(self.backbone.config, "causal", False))
+
+    @property
     def trained_modalities(self) -> tuple[set[str], set[str]]:
         """(input modalities, output modalities) of the tasks trained with a positive weight (all if unknown)."""
         weights = self.config.task_weights
@@ -198,10 +205,11 @@ class UniModal(DiffusionPipeline):
         with self._lock:
             prepared = [self._prepare(spec, index, len(requests) > 1) for index, spec in enumerate(requests)]
             self._encode_inputs(prepared)
+            decode = generate_autoregressive if self.autoregressive else sample
             model = _Stepping(self.backbone, progress, None if len(prepared) > 1 or config.mode == "semi_ar"
-                              else config.steps)
+                              or self.autoregressive else config.steps)
             try:
-                samples = sample(model, self.layout, [item.request() for item in prepared], config)
+                samples = decode(model, self.layout, [item.request() for item in prepared], config)
             finally:
                 model.close()
             return self._results(prepared, samples, config)
@@ -384,6 +392,10 @@ class _Stepping:
     def forward_targets(self, *args, **kwargs):
         self._bar.update(1)
         return self._model.forward_targets(*args, **kwargs)
+
+    def extend(self, *args, **kwargs):
+        self._bar.update(1)
+        return self._model.extend(*args, **kwargs)
 
     def close(self) -> None:
         self._bar.close()

@@ -1,0 +1,333 @@
+"""``unimodal eval``: generate in every direction and score the outputs with the independent judges.
+
+Each direction generates from the same cases (a caption, its picture, its speech and the attributes that
+made them) with pinned sampler settings and seeds, then a judge that knows nothing of the model scores what
+came out:
+
+- ``->image`` (text->image, audio->image): scenes: the scene judge reads the objects back (GenEval-style:
+  every object's shape, colour and size right, and its position, or the pair's relation) and per attribute;
+  digits: the digit judge's class equals the digit;
+- ``->text`` (image->text, audio->text): the caption parsed back into attributes equals the truth; WER
+  against the reference caption (the template is free, so WER counts wording too);
+- ``->audio`` (text->audio, image->audio): the speech judge transcribes it; its parsed attributes equal the
+  truth and its WER against the caption, beside the judge's WER on the real eSpeak audio (the reference);
+- ``joint`` (all three from nothing): consistency: the picture's judged attributes equal those parsed from
+  the generated caption and from the transcript of the generated speech.
+
+The report holds every figure, the model's hash, the sampler settings and seeds: the same command with the
+same seed gives the same numbers. The cases arrive ready-made (``unimodal/cli.py`` builds them from the
+embedded data sets), since ``inference/`` does not import ``training/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from unimodal.errors import InputError
+from unimodal.grammar import parse_digit_caption, parse_scene_caption, scenes_equal
+
+DIRECTIONS = ("text->image", "image->text", "audio->text", "text->audio", "image->audio", "audio->image", "joint")
+JOINT_TARGETS = ("text", "image", "audio")
+SCENE_ATTRIBUTES = ("shape", "color", "size", "position", "relation")
+
+
+@dataclass
+class EvalCase:
+    """One ground-truth sample: ``kind`` "scene" or "digit" (or "other": no attributes to judge), its caption,
+    picture (H, W, 3 uint8), speech (float32 16 kHz or None) and ``truth`` (scene attributes or the digit)."""
+
+    kind: str
+    text: str
+    image: np.ndarray | None
+    audio: np.ndarray | None
+    truth: dict | int | None
+
+
+def parse_direction(direction: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``"text->image"`` -> (("text",), ("image",)); ``"joint"`` -> ((), all three)."""
+    if direction == "joint":
+        return (), JOINT_TARGETS
+    if direction not in DIRECTIONS:
+        raise InputError(f"unknown direction {direction!r}; known: {', '.join(DIRECTIONS)}")
+    condition, target = direction.split("->")
+    return (condition,), (target,)
+
+
+# ---- judging one output (pure functions of the judges and the truth) ------------------------------------------
+
+
+def judge_image(case: EvalCase, image, scene_judge=None, digit_judge=None) -> dict:
+    """``correct`` and, for scenes, each attribute (None where it does not apply)."""
+    if case.kind == "scene":
+        score = scene_judge.score(np.asarray(image), case.truth)
+        return {"correct": score["correct"], **{key: score[key] for key in SCENE_ATTRIBUTES}}
+    if case.kind == "digit":
+        return {"correct": bool(int(digit_judge.predict(np.asarray(image)[None])[0]) == case.truth)}
+    return {}
+
+
+def caption_correct(case: EvalCase, text: str) -> bool | None:
+    """Whether a caption (or transcript) says what the case shows; None when there is nothing to check."""
+    if case.kind == "scene":
+        return scenes_equal(parse_scene_caption(text or ""), case.truth)
+    if case.kind == "digit":
+        return parse_digit_caption(text or "") == case.truth
+    return None
+
+
+def judged_attributes(text: str | None, image, scene_judge, digit_judge) -> dict:
+    """What a caption and a picture say, read the same way for joint consistency: the caption decides the kind."""
+    scene = parse_scene_caption(text or "")
+    if scene is not None:
+        return {"kind": "scene", "text": scene, "image": scene_judge.attributes(np.asarray(image))}
+    digit = parse_digit_caption(text or "")
+    if digit is not None:
+        return {"kind": "digit", "text": digit, "image": int(digit_judge.predict(np.asarray(image)[None])[0])}
+    return {"kind": None, "text": None, "image": None}
+
+
+def joint_consistency(text: str | None, image, transcript: str | None, scene_judge, digit_judge) -> dict:
+    """``text_parses``, ``image_matches_text``, ``audio_matches_text`` and ``consistent`` (all three agree)."""
+    read = judged_attributes(text, image, scene_judge, digit_judge)
+    if read["kind"] == "scene":
+        image_ok = scenes_equal(read["image"], read["text"])
+        audio_ok = scenes_equal(parse_scene_caption(transcript or ""), read["text"])
+    elif read["kind"] == "digit":
+        image_ok = read["image"] == read["text"]
+        audio_ok = parse_digit_caption(transcript or "") == read["text"]
+    else:
+        image_ok = audio_ok = False
+    return {"kind": read["kind"], "text_parses": read["kind"] is not None, "image_matches_text": bool(image_ok),
+            "audio_matches_text": bool(audio_ok), "consistent": bool(image_ok and audio_ok)}
+
+
+# ---- running a direction ------------------------------------------------------------------------------------
+
+
+class Judges:
+    """The three judges, each loaded on first use (Whisper and OpenCV cost time to import)."""
+
+    def __init__(self, digit_seed: int = 0):
+        self._digit_seed, self._scene, self._digit, self._speech = digit_seed, None, None, None
+
+    @property
+    def scene(self):
+        from inference.judges import SceneJudge
+
+        self._scene = self._scene or SceneJudge()
+        return self._scene
+
+    @property
+    def digit(self):
+        from inference.judges import DigitJudge
+
+        self._digit = self._digit or DigitJudge(self._digit_seed)
+        return self._digit
+
+    @property
+    def speech(self):
+        from inference.judges import SpeechJudge
+
+        self._speech = self._speech or SpeechJudge()
+        return self._speech
+
+
+def eval_requests(direction: str, cases: Sequence[EvalCase], seed: int) -> list[dict]:
+    conditions, targets = parse_direction(direction)
+    requests = []
+    for index, case in enumerate(cases):
+        inputs = {"text": case.text, "image": case.image, "audio": case.audio}
+        requests.append({**{m: inputs[m] for m in conditions}, "to": list(targets), "seed": seed + index})
+    return requests
+
+
+def generate_direction(pipe, direction: str, cases: Sequence[EvalCase], settings: dict, seed: int,
+                       batch_size: int = 16, progress: bool = True) -> tuple[list, float]:
+    """The outputs for every case (request i seeded ``seed + i``) and the wall time per sample."""
+    from tqdm.auto import tqdm
+
+    requests = eval_requests(direction, cases, seed)
+    results, start = [], time.perf_counter()
+    for first in tqdm(range(0, len(requests), batch_size), desc=direction, disable=not progress, leave=False):
+        results += pipe.generate_batch(requests[first:first + batch_size], **settings)
+    return results, (time.perf_counter() - start) / max(len(requests), 1)
+
+
+def score_direction(direction: str, cases: Sequence[EvalCase], results: Sequence, judges: Judges) -> list[dict]:
+    """One score dict per case (the transcripts of generated speech are kept in them)."""
+    _, targets = parse_direction(direction)
+    transcripts = [None] * len(results)
+    if "audio" in targets:
+        transcripts = judges.speech.transcribe_many([r.audio for r in results])
+    scores = []
+    for case, result, transcript in zip(cases, results, transcripts):
+        if direction == "joint":
+            scores.append(joint_consistency(result.text, result.image, transcript, judges.scene, judges.digit)
+                          | {"text": result.text, "transcript": transcript})
+        elif targets == ("image",):
+            scores.append(judge_image(case, result.image, judges.scene if case.kind == "scene" else None,
+                                      judges.digit if case.kind == "digit" else None))
+        elif targets == ("text",):
+            scores.append({"correct": caption_correct(case, result.text), "text": result.text})
+        else:
+            scores.append({"correct": caption_correct(case, transcript), "transcript": transcript})
+    return scores
+
+
+def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scores: Sequence[dict],
+              wall: float) -> dict:
+    """Figures of one direction, overall and per kind of case: rates, WER, forward passes, seconds per sample."""
+    from inference.judges import word_error_rate
+
+    _, targets = parse_direction(direction)
+    summary = {"n": len(scores), "forward_passes": float(np.mean([r.forward_passes for r in results])),
+               "wall_s_per_sample": wall}
+    kinds = sorted({c.kind for c in cases}) if direction != "joint" else []
+    for kind in [None, *kinds]:
+        chosen = [i for i, c in enumerate(cases) if kind is None or c.kind == kind]
+        part = _rates([scores[i] for i in chosen])
+        if targets in (("text",), ("audio",)) and chosen:
+            words = [scores[i].get("text" if targets == ("text",) else "transcript") or "" for i in chosen]
+            part["wer"] = word_error_rate([cases[i].text for i in chosen], words)
+        if kind is None:
+            summary.update(part)
+        else:
+            summary.setdefault("by_kind", {})[kind] = {"n": len(chosen), **part}
+    return summary
+
+
+def _rates(scores: Sequence[dict]) -> dict:
+    """Mean of every boolean field (None entries left out), named ``accuracy`` for ``correct``."""
+    rates = {}
+    for key in dict.fromkeys(k for s in scores for k, v in s.items() if isinstance(v, bool) or v is None):
+        values = [s[key] for s in scores if isinstance(s.get(key), bool)]
+        if values:
+            rates["accuracy" if key == "correct" else key] = float(np.mean(values))
+    return rates
+
+
+def reference_figures(cases: Sequence[EvalCase], judges: Judges, progress: bool = True) -> dict:
+    """The judges on the ground truth: the ceiling each direction's figure should be read against."""
+    report = {}
+    pictured = [c for c in cases if c.image is not None and c.kind in ("scene", "digit")]
+    if pictured:
+        scores = [judge_image(c, c.image, judges.scene if c.kind == "scene" else None,
+                              judges.digit if c.kind == "digit" else None) for c in pictured]
+        report["image_judge_accuracy"] = _rates(scores).get("accuracy")
+    spoken = [c for c in cases if c.audio is not None]
+    if spoken:
+        from inference.judges import word_error_rate
+
+        heard = judges.speech.transcribe_many([c.audio for c in spoken], progress=progress)
+        report["speech_judge_wer"] = word_error_rate([c.text for c in spoken], heard)
+        correct = [caption_correct(c, h) for c, h in zip(spoken, heard)]
+        report["speech_judge_accuracy"] = float(np.mean([x for x in correct if x is not None] or [float("nan")]))
+    return report
+
+
+def model_hash(model_dir: str | Path) -> str:
+    """SHA-256 (first 16 hex digits) of every weight and config file of a model folder, in path order."""
+    digest = hashlib.sha256()
+    root = Path(model_dir)
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".json", ".bin")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECTIONS, settings: dict | None = None,
+             seed: int = 0, judges: Judges | None = None, batch_size: int = 16, progress: bool = True,
+             on_direction: Callable[[str, dict], None] | None = None) -> dict:
+    """Generate and judge every direction; returns the report (figures, settings, samples for the grids)."""
+    if not cases:
+        raise InputError("unimodal eval needs at least one case")
+    judges, settings = judges or Judges(), dict(settings or {})
+    figures, samples = {}, {}
+    for direction in directions:
+        conditions, _ = parse_direction(direction)
+        usable = [c for c in cases if all(getattr(c, m) is not None for m in conditions)]
+        if not usable:
+            continue
+        results, wall = generate_direction(pipe, direction, usable, settings, seed, batch_size, progress)
+        scores = score_direction(direction, usable, results, judges)
+        figures[direction] = summarize(direction, usable, results, scores, wall)
+        samples[direction] = (usable, results, scores)
+        if on_direction is not None:
+            on_direction(direction, figures[direction])
+    return {"figures": figures, "reference": reference_figures(cases, judges, progress), "seed": seed,
+            "settings": settings, "autoregressive": bool(getattr(pipe, "autoregressive", False)),
+            "cases": {kind: sum(c.kind == kind for c in cases) for kind in sorted({c.kind for c in cases})},
+            "_samples": samples}
+
+
+# ---- reporting ----------------------------------------------------------------------------------------------
+
+
+def format_table(report: dict) -> str:
+    lines = [f"{'direction':<13} {'kind':<6} {'n':>4} {'accuracy':>8} {'WER':>6} {'passes':>7} {'s/sample':>9}  "
+             f"per attribute"]
+    for direction, fig in report["figures"].items():
+        rows = [("all", fig)] + list(fig.get("by_kind", {}).items())
+        for kind, row in rows:
+            extra = " ".join(f"{k}={row[k]:.3f}" for k in (*SCENE_ATTRIBUTES, "text_parses", "image_matches_text",
+                                                             "audio_matches_text") if k in row)
+            accuracy = row.get("accuracy", row.get("consistent"))
+            lines.append(f"{direction if kind == 'all' else '':<13} {kind:<6} {row.get('n', fig['n']):>4} "
+                         f"{_fmt(accuracy):>8} {_fmt(row.get('wer')):>6} "
+                         f"{fig['forward_passes'] if kind == 'all' else float('nan'):>7.1f} "
+                         f"{fig['wall_s_per_sample'] if kind == 'all' else float('nan'):>9.3f}  {extra}")
+    ref = report.get("reference", {})
+    lines.append("reference (judges on the real data): " + ", ".join(f"{k}={_fmt(v)}" for k, v in ref.items()))
+    lines.append(f"accuracy: judged correct (joint: image, caption and speech agree); seed {report['seed']}; "
+                 f"settings {json.dumps(report['settings'])}")
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    return "-" if value is None or (isinstance(value, float) and np.isnan(value)) else f"{value:.3f}"
+
+
+def save_report(report: dict, out: str | Path, grid_size: int = 16) -> list[Path]:
+    """``out/eval.json`` (everything but the raw samples), one ``out/grid_<direction>.png`` per direction and
+    the first generated clips as WAV files."""
+    from inference.grids import sample_grid
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "eval.json"]
+    public = {k: v for k, v in report.items() if not k.startswith("_")}
+    public["samples"] = {d: [{k: v for k, v in s.items()} for s in scores[:grid_size]]
+                         for d, (_, _, scores) in report["_samples"].items()}
+    written[0].write_text(json.dumps(public, indent=2, default=_json_default) + "\n")
+    for direction, (cases, results, scores) in report["_samples"].items():
+        name = direction.replace("->", "_to_")
+        written.append(sample_grid(direction, cases[:grid_size], results[:grid_size], scores[:grid_size],
+                                   out / f"grid_{name}.png"))
+        written += _save_clips(results[:2], out / f"{name}")
+    return written
+
+
+def _save_clips(results: Sequence, stem: Path) -> list[Path]:
+    paths = []
+    for i, result in enumerate(results):
+        if result.audio is not None:
+            paths += result.save(stem.with_name(f"{stem.name}_{i}.wav"))
+    return paths
+
+
+def _json_default(value):
+    if isinstance(value, (np.bool_, np.integer, np.floating)):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+__all__ = ["DIRECTIONS", "EvalCase", "Judges", "caption_correct", "evaluate", "format_table", "joint_consistency",
+           "judge_image", "model_hash", "parse_direction", "reference_figures", "save_report", "score_direction",
+           "summarize"]

@@ -1,0 +1,151 @@
+"""unimodal eval and bench versus-ar: the metric functions on hand-made cases, then the commands end to end."""
+
+import json
+
+import numpy as np
+import pytest
+
+from inference.evaluate import (EvalCase, Judges, caption_correct, evaluate, joint_consistency, judge_image,
+                                model_hash, summarize)
+from inference.judges import word_error_rate
+from training.data.scenes import make_sample
+from unimodal.cli import main
+from unimodal.errors import InputError
+from unimodal.eval_cases import load_cases
+from unimodal.grammar import COLORS
+
+
+@pytest.fixture(scope="module")
+def judges():
+    return Judges()
+
+
+@pytest.fixture(scope="module")
+def caption_model(tiny_codec_dir, tmp_path_factory):
+    """A random tiny model whose text segment holds whole captions (the shared tiny model reads 12 tokens)."""
+    from conftest import write_tiny_model
+
+    return write_tiny_model(tiny_codec_dir, tmp_path_factory.mktemp("caption-model") / "model", max_text_len=40)
+
+
+def _scene_case(index=0):
+    sample = make_sample(0, 2, index, False, speech=False)
+    return EvalCase("scene", sample.text, sample.image, None, sample.meta["attributes"])
+
+
+def _single_object_case():
+    return next(c for c in map(_scene_case, range(40)) if len(c.truth["objects"]) == 1)
+
+
+def test_a_judged_correct_image_counts_and_a_wrong_colour_does_not(judges):
+    case = _single_object_case()
+    right = judge_image(case, case.image, judges.scene)
+    assert right["correct"] and right["color"] and right["shape"] and right["position"]
+    color = case.truth["objects"][0]["color"]
+    other = next(name for name in COLORS if name != color)
+    recolored = case.image.copy()
+    object_pixels = np.abs(recolored.astype(int) - np.array(COLORS[color])).sum(-1) < 60
+    recolored[object_pixels] = COLORS[other]
+    wrong = judge_image(case, recolored, judges.scene)
+    assert not wrong["correct"] and not wrong["color"] and wrong["shape"]
+
+
+def test_digit_and_caption_judgements(judges):
+    digits, _ = load_cases("digits", "test", 3, speech=False)
+    for case in digits:
+        assert judge_image(case, case.image, digit_judge=judges.digit)["correct"] in (True, False)
+        assert caption_correct(case, case.text) is True
+        assert caption_correct(case, "the digit " + ("one" if case.truth != 1 else "two")) is False
+    scene = _single_object_case()
+    assert caption_correct(scene, scene.text) is True
+    assert caption_correct(scene, "") is False and caption_correct(scene, "a purple elephant") is False
+    assert caption_correct(EvalCase("other", "hi", None, None, None), "hi") is None
+
+
+def test_word_error_rate_of_known_strings():
+    assert word_error_rate("a red circle", "a red circle") == 0.0
+    assert word_error_rate("a red circle", "a blue circle") == pytest.approx(1 / 3)
+    assert word_error_rate(["a red circle", "the digit seven"], ["a red", "the digit 7"]) == pytest.approx(1 / 6)
+
+
+def test_joint_consistency_needs_all_three_to_agree(judges):
+    case = _single_object_case()
+    agree = joint_consistency(case.text, case.image, case.text, judges.scene, judges.digit)
+    assert agree["consistent"] and agree["kind"] == "scene"
+    other_words = "a large purple cross at the top"
+    assert other_words != case.text
+    mismatch = joint_consistency(case.text, case.image, other_words, judges.scene, judges.digit)
+    assert mismatch["image_matches_text"] and not mismatch["audio_matches_text"] and not mismatch["consistent"]
+    nonsense = joint_consistency("zzz", case.image, case.text, judges.scene, judges.digit)
+    assert not nonsense["text_parses"] and not nonsense["consistent"]
+
+
+def test_summaries_count_rates_and_wer():
+    class Result:
+        forward_passes = 4
+
+    cases = [_scene_case(i) for i in range(2)]
+    scores = [{"correct": True, "text": cases[0].text}, {"correct": False, "text": "a red circle"}]
+    summary = summarize("image->text", cases, [Result(), Result()], scores, wall=0.5)
+    assert summary["accuracy"] == 0.5 and summary["by_kind"]["scene"]["n"] == 2 and summary["forward_passes"] == 4
+    assert 0 < summary["wer"] <= 1
+
+
+def test_load_cases_checks_its_input():
+    with pytest.raises(InputError, match="--split"):
+        load_cases("scenes", "train", 2)
+    with pytest.raises(InputError, match="neither"):
+        load_cases("/nonexistent/folder", "test", 2)
+    cases, notes = load_cases("scenes,digits", "heldout", 2, speech=False)
+    assert len(cases) == 2 and notes and all(c.kind == "scene" for c in cases)
+
+
+def test_eval_command_end_to_end_is_reproducible(caption_model, tmp_path, capsys):
+    args = ["eval", "--model", str(caption_model), "--data", "scenes", "--n", "2", "--directions",
+            "text->image,image->text,text->audio,joint", "--steps", "4"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    table = capsys.readouterr().out
+    assert "text->image" in table and "joint" in table and "speech_judge_wer" in table
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    first = json.loads((tmp_path / "a" / "eval.json").read_text())
+    second = json.loads((tmp_path / "b" / "eval.json").read_text())
+    assert _same_but_time(first, second)
+    assert first["model_hash"] == model_hash(caption_model) and first["settings"] == {"steps": 4}
+    for name in ("grid_text_to_image.png", "grid_image_to_text.png", "grid_joint.png", "text_to_audio_0.wav"):
+        assert (tmp_path / "a" / name).is_file(), name
+
+
+def _same_but_time(a, b):
+    strip = lambda f: {d: {k: v for k, v in x.items() if k != "wall_s_per_sample"} for d, x in f.items()}  # noqa: E731
+    return strip(a["figures"]) == strip(b["figures"])
+
+
+def test_evaluate_refuses_no_cases():
+    with pytest.raises(InputError, match="at least one case"):
+        evaluate(object(), [])
+
+
+def test_versus_ar_compares_both_models_on_the_same_prompts(tiny_codec_dir, caption_model, tmp_path, capsys):
+    from training.data.store import Sample, write_info, write_split
+    from training.train import TrainConfig, train
+
+    cfg = TrainConfig(preset="tiny", steps=1, batch_size=2, warmup=1, val_every=1, val_samples=1, checkpoint_every=1,
+                      bf16=False, objective="ar", task_weights={"text->image": 1.0, "image->text": 1.0})
+    scenes, _ = load_cases("scenes", "test", 4, speech=False)
+    data = tmp_path / "vs-scenes"
+    for split in ("train", "val"):
+        write_split(data, split, [Sample(c.text, c.image, None, meta={"attributes": c.truth}) for c in scenes])
+    write_info(data, {"name": "mini", "splits": ["train", "val"], "sample_rate": 16000})
+    ar_dir = train(tmp_path / "ar", [str(data)], tiny_codec_dir, cfg, progress=False)
+    code = main(["bench", "versus-ar", "--model", str(caption_model), "--ar-model", str(ar_dir), "--n", "2",
+                 "--directions", "text->image,image->text", "--batch-size", "2", "--out", str(tmp_path / "vs")])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "diffusion vs AR twin" in out
+    report = json.loads((tmp_path / "vs" / "versus_ar.json").read_text())
+    contenders = {(r["direction"], r["contender"]) for r in report["rows"]}
+    assert ("text->image", "ar") in contenders and ("image->text", "confidence4") in contenders
+    ar_row = next(r for r in report["rows"] if r["contender"] == "ar" and r["direction"] == "text->image")
+    assert ar_row["forward_passes"] == 64 and (tmp_path / "vs" / "versus_ar.png").is_file()
+    assert main(["bench", "versus-ar", "--model", str(ar_dir), "--ar-model", str(caption_model),
+                 "--out", str(tmp_path / "bad")]) == 2

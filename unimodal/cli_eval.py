@@ -1,0 +1,130 @@
+"""``unimodal eval`` and ``unimodal bench versus-ar``: judged quality per direction, and the AR comparison."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from unimodal.errors import InputError
+
+SAMPLING_FLAGS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg")
+
+
+def _settings(args) -> dict:
+    return {key: getattr(args, key) for key in SAMPLING_FLAGS if getattr(args, key, None) is not None}
+
+
+def _directions(text: str, known) -> list[str]:
+    directions = [d.strip() for d in text.split(",") if d.strip()]
+    unknown = [d for d in directions if d not in known]
+    if unknown or not directions:
+        raise InputError(f"unknown direction(s) {unknown or 'none'}; known: {', '.join(known)}")
+    return directions
+
+
+def _cmd_eval(args) -> int:
+    from inference.evaluate import DIRECTIONS, evaluate, format_table, model_hash, save_report
+    from unimodal.eval_cases import load_cases
+    from unimodal.serve import load_pipeline, resolve_model_dir
+
+    directions = _directions(args.directions, DIRECTIONS)
+    model_dir = resolve_model_dir(args.model)
+    pipe = load_pipeline(model_dir, args.device)
+    needs_speech = any("audio" in d or d == "joint" for d in directions)
+    cases, notes = load_cases(args.data, args.split, args.n, speech=needs_speech)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    settings = _settings(args)
+    report = evaluate(pipe, cases, directions, settings, seed=args.seed, batch_size=args.batch_size,
+                      on_direction=lambda d, f: print(f"done: {d}", file=sys.stderr, flush=True))
+    report.update(model=str(model_dir), model_hash=model_hash(model_dir), data=args.data, split=args.split,
+                  n_per_data_set=args.n, notes=notes)
+    print(format_table(report))
+    print(f"model {model_dir} (hash {report['model_hash']}), data {args.data}, split {args.split}")
+    for path in save_report(report, args.out):
+        print(path)
+    return 0
+
+
+def _add_sampling_flags(parser, temperature_default) -> None:
+    from unimodal.cli import _parse_cfg
+
+    parser.add_argument("--steps", type=int, default=None, help="model calls (the cap in threshold mode)")
+    parser.add_argument("--mode", default=None, choices=["confidence", "threshold", "semi_ar"])
+    parser.add_argument("--tau", type=float, default=None)
+    parser.add_argument("--temperature", type=float, default=temperature_default,
+                        help=f"0 = greedy (default {temperature_default})")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--cfg", type=_parse_cfg, default=None, help="guidance scale (3) or per input (text=3)")
+
+
+def add_eval_command(sub) -> None:
+    from inference.evaluate import DIRECTIONS
+    from unimodal.cli import _add_model_arguments
+    from unimodal.eval_cases import EVAL_SPLITS
+
+    ev = sub.add_parser("eval", help="generate in every direction and score with the independent judges",
+                        description="Judged quality per direction (text->image attribute accuracy, caption "
+                                    "accuracy, speech WER, joint consistency), with the judges' figures on the "
+                                    "real data beside them. Writes eval.json, one PNG grid per direction and "
+                                    "a few WAVs.")
+    _add_model_arguments(ev)
+    ev.add_argument("--data", default="scenes,digits", help="scenes, digits or built data folders, comma-separated")
+    ev.add_argument("--split", default="test", choices=EVAL_SPLITS)
+    ev.add_argument("--n", type=int, default=100, help="cases per data set")
+    ev.add_argument("--directions", default=",".join(DIRECTIONS), help="comma-separated, e.g. text->image,joint")
+    ev.add_argument("--seed", type=int, default=0, help="request i is sampled with seed + i")
+    ev.add_argument("--batch-size", type=int, default=16)
+    ev.add_argument("--out", default="eval", help="folder for eval.json, the grids and WAVs")
+    _add_sampling_flags(ev, temperature_default=None)
+    ev.set_defaults(func=_cmd_eval)
+
+
+def _cmd_versus_ar(args) -> int:
+    from inference.evaluate import model_hash
+    from inference.versus import DEFAULT_DIRECTIONS, format_table, plot, versus_ar
+    from unimodal.eval_cases import load_cases
+    from unimodal.serve import load_pipeline, resolve_model_dir
+
+    directions = _directions(args.directions, DEFAULT_DIRECTIONS + ("audio->text", "image->audio", "audio->image"))
+    model_dir, ar_dir = resolve_model_dir(args.model), resolve_model_dir(args.ar_model)
+    diffusion, twin = load_pipeline(model_dir, args.device), load_pipeline(ar_dir, args.device)
+    if diffusion.autoregressive or not twin.autoregressive:
+        raise InputError(f"--model must be a diffusion model and --ar-model its autoregressive twin (trained with "
+                         f"--objective ar); got {model_dir} (autoregressive={diffusion.autoregressive}) and "
+                         f"{ar_dir} (autoregressive={twin.autoregressive})")
+    cases, notes = load_cases(args.data, "test", args.n, speech=any("audio" in d for d in directions))
+    report = versus_ar(diffusion, twin, cases, directions, temperature=args.temperature, seed=args.seed,
+                       batch_size=args.batch_size)
+    report.update(model=str(model_dir), model_hash=model_hash(model_dir), ar_model=str(ar_dir),
+                  ar_model_hash=model_hash(ar_dir), data=args.data, notes=notes)
+    print(format_table(report))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "versus_ar.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(out / "versus_ar.json")
+    print(plot(report, out / "versus_ar.png"))
+    return 0
+
+
+def add_versus_ar_command(bench) -> None:
+    from inference.versus import DEFAULT_DIRECTIONS
+    from unimodal.cli import _add_model_arguments
+
+    vs = bench.add_parser("versus-ar", help="diffusion model vs its autoregressive twin: speed and judged quality "
+                                            "on the same prompts, interleaved in one run")
+    _add_model_arguments(vs)
+    vs.add_argument("--ar-model", required=True, help="the autoregressive twin's model folder")
+    vs.add_argument("--data", default="scenes", help="scenes, digits or built data folders (test split)")
+    vs.add_argument("--n", type=int, default=32, help="prompts per data set")
+    vs.add_argument("--directions", default=",".join(DEFAULT_DIRECTIONS))
+    vs.add_argument("--temperature", type=float, default=0.0, help="both models (default 0: greedy)")
+    vs.add_argument("--seed", type=int, default=0)
+    vs.add_argument("--batch-size", type=int, default=16, help="prompts per batched call, for both models")
+    vs.add_argument("--out", default="bench-versus-ar", help="folder for versus_ar.json and versus_ar.png")
+    vs.set_defaults(func=_cmd_versus_ar)
+
+
+__all__ = ["add_eval_command", "add_versus_ar_command"]

@@ -1,0 +1,81 @@
+"""Ground-truth cases for ``unimodal eval`` and ``unimodal bench versus-ar``, from the embedded data sets or a
+built data folder.
+
+The embedded sets are pure functions of (data seed, split, index), so the cases are made on the fly, no
+build needed, and they are exactly the samples a build of any size holds: the first N of a split.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from inference.evaluate import EvalCase
+from unimodal.errors import InputError
+
+EVAL_SPLITS = ("test", "heldout", "val")
+DATA_SEED = 0  # the embedded sets' build seed (the default model was trained on seed 0's train split)
+
+
+def load_cases(data: str, split: str = "test", n: int = 100, speech: bool = True) -> tuple[list[EvalCase], list[str]]:
+    """Up to ``n`` cases from each comma-separated entry of ``data`` (``scenes``, ``digits`` or a built data
+    folder) and notes on what was skipped (digits have no heldout split)."""
+    if split not in EVAL_SPLITS:
+        raise InputError(f"--split must be one of {EVAL_SPLITS}, got {split!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InputError(f"--n must be a positive number of cases per data set, got {n!r}")
+    names = [name.strip() for name in data.split(",") if name.strip()]
+    if not names:
+        raise InputError("--data is empty; give scenes, digits or a built data folder")
+    cases, notes = [], []
+    for name in names:
+        if name == "scenes":
+            cases += _scene_cases(split, n, speech)
+        elif name == "digits":
+            if split == "heldout":
+                notes.append("digits have no heldout split (the held-out colour/shape pairs are a scenes idea); "
+                             "skipped")
+                continue
+            cases += _digit_cases(split, n, speech)
+        else:
+            cases += _folder_cases(Path(name), split, n)
+    if not cases:
+        raise InputError(f"no evaluation cases in {data!r} for split {split!r}")
+    return cases, notes
+
+
+def _scene_cases(split: str, n: int, speech: bool) -> list[EvalCase]:
+    from training.data.build import SCENE_SPLIT_IDS
+    from training.data.scenes import make_sample
+
+    samples = [make_sample(DATA_SEED, SCENE_SPLIT_IDS[split], i, heldout=split == "heldout", speech=speech)
+               for i in range(n)]
+    return [EvalCase("scene", s.text, s.image, s.audio, s.meta["attributes"]) for s in samples]
+
+
+def _digit_cases(split: str, n: int, speech: bool) -> list[EvalCase]:
+    from training.data import digits
+
+    indices = digits.split_indices(DATA_SEED)[split][:n]
+    return [EvalCase("digit", s.text, s.image, s.audio, s.meta["attributes"]["digit"])
+            for s in digits.make_samples(DATA_SEED, split, indices, speech)]
+
+
+def _folder_cases(folder: Path, split: str, n: int) -> list[EvalCase]:
+    from training.data.store import BuiltDataset
+
+    if not (folder / "info.json").is_file():
+        raise InputError(f"--data entry {str(folder)!r} is neither scenes, digits nor a built data folder "
+                         f"(one with info.json)")
+    dataset = BuiltDataset(folder, split)
+    cases = []
+    for index in range(min(n, len(dataset))):
+        sample = dataset[index]
+        truth = sample.meta.get("attributes")
+        kind = "scene" if isinstance(truth, dict) and "objects" in truth else \
+            "digit" if isinstance(truth, dict) and "digit" in truth else "other"
+        truth = truth["digit"] if kind == "digit" else truth if kind == "scene" else None
+        cases.append(EvalCase(kind, sample.text, sample.image, sample.audio, truth))
+    return cases
+
+
+__all__ = ["EVAL_SPLITS", "load_cases"]
