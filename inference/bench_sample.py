@@ -153,9 +153,28 @@ def _row(direction: str, setting: Setting, config: SamplerConfig, results: list[
             "peak_memory_bytes": memory[0], "memory_kind": memory[1]}
 
 
+def judged_quality(pipe, target: str, results: list[SampleResult], cases, judges) -> float | None:
+    """Judged accuracy of the outputs (``unimodal eval``'s judges) when the cases carry the truth: attribute
+    accuracy of images, caption accuracy of text; None for audio (transcribing every setting costs minutes)."""
+    from inference.evaluate import caption_correct, judge_image
+
+    if cases is None or target == "audio":
+        return None
+    if target == "image":
+        images = pipe.image_codec.decode(torch.stack([r.tokens["image"] for r in results]))
+        verdicts = [judge_image(c, im, judges.scene if c.kind == "scene" else None,
+                                judges.digit if c.kind == "digit" else None).get("correct")
+                    for c, im in zip(cases, images)]
+    else:
+        verdicts = [caption_correct(c, pipe.text_codec.decode_one(r.tokens["text"])) for c, r in zip(cases, results)]
+    verdicts = [v for v in verdicts if v is not None]
+    return float(np.mean(verdicts)) if verdicts else None
+
+
 def bench_direction(pipe, direction: str, values: list, settings: list[Setting], seed: int = 0,
-                    temperature: float = 0.0) -> list[dict]:
-    """One row per (setting, cache on/off) for ``values`` (the raw conditions) in ``direction``."""
+                    temperature: float = 0.0, cases=None, judges=None) -> list[dict]:
+    """One row per (setting, cache on/off) for ``values`` (the raw conditions) in ``direction``; with ``cases``
+    (the truth behind each value) every row also gets its judged ``quality``."""
     condition, target = parse_direction(direction)
     model, layout = pipe.backbone, pipe.layout
     requests = [Request([(condition, ids)], [target]) for ids in encode_conditions(pipe, condition, values)]
@@ -169,8 +188,9 @@ def bench_direction(pipe, direction: str, values: list, settings: list[Setting],
             results, wall, *memory = timed_generate(model, layout, requests, config)
             reference = reference if reference is not None else results  # the first setting is the reference
             tokens[use_cache] = [_slot_ids(r) for r in results]
+            quality = judged_quality(pipe, target, results, cases, judges) if use_cache else rows[-1]["quality"]
             rows.append(_row(direction, setting, config, results, wall, memory)
-                        | {"agreement": agreement(results, reference)})
+                        | {"agreement": agreement(results, reference), "quality": quality})
         same = all(torch.equal(a, b) for a, b in zip(tokens[True], tokens[False]))
         cached, uncached = rows[-2], rows[-1]
         for row in (cached, uncached):
@@ -181,16 +201,21 @@ def bench_direction(pipe, direction: str, values: list, settings: list[Setting],
 
 def bench_sample(pipe, conditions: dict[str, list], directions=DEFAULT_DIRECTIONS, taus=DEFAULT_TAUS,
                  steps=DEFAULT_STEPS, seed: int = 0, temperature: float = 0.0, model_path: str | None = None,
-                 progress=None) -> dict:
+                 progress=None, cases=None, compile_direction: str | None = None) -> dict:
     """The whole sweep. ``conditions``: raw condition values per modality (the same N for every direction that
-    reads that modality). Returns a JSON-ready report: settings, device, memory kind and one row per measure."""
-    settings = sweep(taus, steps)
+    reads that modality); ``cases``: optionally the truth behind them (:class:`inference.evaluate.EvalCase`,
+    in the same order), for judged quality. ``compile_direction``: also time that direction with the denoising
+    step under ``torch.compile``. Returns a JSON-ready report: settings, device, memory kind, one row per
+    measure and the issue's target checks."""
+    from inference.evaluate import Judges
+
+    settings, judges = sweep(taus, steps), Judges()
     rows = []
     for direction in directions:
         condition, _ = parse_direction(direction)
         if not conditions.get(condition):
             raise InputError(f"direction {direction} needs {condition} conditions; none were given")
-        rows += bench_direction(pipe, direction, conditions[condition], settings, seed, temperature)
+        rows += bench_direction(pipe, direction, conditions[condition], settings, seed, temperature, cases, judges)
         if progress is not None:
             progress(direction)
     device = pipe.backbone.device
@@ -199,15 +224,79 @@ def bench_sample(pipe, conditions: dict[str, list], directions=DEFAULT_DIRECTION
             "samples": {m: len(v) for m, v in conditions.items()}, "directions": list(directions),
             "taus": [float(t) for t in taus], "steps": [int(n) for n in steps],
             "settings": [asdict(s) for s in settings], "reference": REFERENCE,
-            "memory_kind": _peak_memory(device)[1], "rows": rows}
+            "memory_kind": _peak_memory(device)[1], "rows": rows, "targets": target_checks(rows),
+            "compile": None if compile_direction is None else
+            compile_speedup(pipe, compile_direction, conditions[parse_direction(compile_direction)[0]], seed)}
+
+
+def target_checks(rows: list[dict]) -> dict:
+    """The sampling figures asked of the model, read off the rows (cached rows; quality where judged):
+    images within 3 points of the all-steps quality in <= 8 passes; text at TPF >= 3 within 2 points; the
+    cache >= 2x faster, with identical tokens, where the condition is at least as long as the target."""
+    checks = {}
+    for direction in dict.fromkeys(r["direction"] for r in rows):
+        mine = [r for r in rows if r["direction"] == direction and r["use_cache"]]
+        reference = next(r for r in mine if r["setting"] == REFERENCE)
+        key = "quality" if reference.get("quality") is not None else "agreement"
+        target = direction.split("->")[1]
+        if target in ("image", "text"):
+            fast = [r for r in mine if (r["forward_passes"] <= 8 if target == "image" else r["tpf"] >= 3)]
+            best = max(fast, key=lambda r: r[key], default=None)
+            margin = 0.03 if target == "image" else 0.02
+            checks[direction] = {"measure": key, "reference": reference[key],
+                                 "rule": "passes <= 8" if target == "image" else "TPF >= 3",
+                                 "best_setting": best and best["setting"], "best": best and best[key],
+                                 "best_passes": best and best["forward_passes"], "best_tpf": best and best["tpf"],
+                                 "met": bool(best and best[key] >= reference[key] - margin)}
+        speedups = [r["cache_speedup"] for r in mine]
+        checks.setdefault(direction, {})["cache"] = {"median_speedup": float(np.median(speedups)),
+                                                     "identical": all(r["cache_tokens_identical"] for r in mine)}
+    return checks
+
+
+def compile_speedup(pipe, direction: str, values: list, seed: int = 0, steps: int = 16, repeats: int = 3) -> dict:
+    """Wall time of one setting (confidence, ``steps``) with the cached denoising step eager vs under
+    ``torch.compile`` (dynamic shapes: the batch shrinks as samples finish); compile time reported apart."""
+    condition, target = parse_direction(direction)
+    model, layout = pipe.backbone, pipe.layout
+    requests = [Request([(condition, ids)], [target]) for ids in encode_conditions(pipe, condition, values)]
+    config = SamplerConfig(steps=steps, seed=seed, temperature=0.0)
+    compiled = _CompiledStep(model)
+    start = time.perf_counter()
+    generate(compiled, layout, requests, config)  # first call compiles
+    compile_s = time.perf_counter() - start
+    walls = {"eager": [], "compiled": []}
+    outputs = {}
+    for _ in range(repeats):
+        for name, runner in (("eager", model), ("compiled", compiled)):
+            start = time.perf_counter()
+            outputs[name] = generate(runner, layout, requests, config)
+            walls[name].append(time.perf_counter() - start)
+    eager, fast = min(walls["eager"]), min(walls["compiled"])
+    same = all(torch.equal(_slot_ids(a), _slot_ids(b)) for a, b in zip(outputs["eager"], outputs["compiled"]))
+    return {"direction": direction, "steps": steps, "samples": len(requests), "eager_s": eager, "compiled_s": fast,
+            "speedup": eager / fast, "first_call_s": compile_s, "identical_tokens": same}
+
+
+class _CompiledStep:
+    """The backbone as the sampler sees it, with ``forward_targets`` (the per-step call) compiled."""
+
+    def __init__(self, model):
+        self._model = model
+        self.forward_targets = torch.compile(model.forward_targets, dynamic=True)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
 
 
 # ---- reporting ----------------------------------------------------------------------------------------------------
 
 _COLUMNS = (("direction", "{:<13}"), ("setting", "{:<10}"), ("use_cache", "{!s:<5}"), ("forward_passes", "{:>7.1f}"),
             ("tpf", "{:>6.2f}"), ("wall_s_per_sample", "{:>9.4f}"), ("peak_memory_bytes", "{:>8.1f}"),
-            ("agreement", "{:>6.3f}"), ("cache_speedup", "{:>6.2f}"), ("cache_tokens_identical", "{!s:<5}"))
-_HEADERS = ("direction", "setting", "cache", "passes", "TPF", "s/sample", "peak MiB", "agree", "speedup", "same")
+            ("agreement", "{:>6.3f}"), ("quality", "{:>7}"), ("cache_speedup", "{:>6.2f}"),
+            ("cache_tokens_identical", "{!s:<5}"))
+_HEADERS = ("direction", "setting", "cache", "passes", "TPF", "s/sample", "peak MiB", "agree", "quality", "speedup",
+            "same")
 
 
 def format_table(report: dict) -> str:
@@ -216,18 +305,40 @@ def format_table(report: dict) -> str:
     lines = ["  ".join(h.ljust(w) for h, w in zip(_HEADERS, widths))]
     for row in report["rows"]:
         values = [row[key] / 2**20 if key == "peak_memory_bytes" else row[key] for key, _ in _COLUMNS]
+        values = ["-" if v is None else f"{v:.3f}" if k == "quality" else v for (k, _), v in zip(_COLUMNS, values)]
         lines.append("  ".join(fmt.format(v) for (_, fmt), v in zip(_COLUMNS, values)))
     lines.append(f"peak memory: {report['memory_kind']}; agreement: with {report['reference']} "
-                 f"(confidence mode, one token per forward pass); speedup: wall(no cache) / wall(cache)")
+                 f"(confidence mode, one token per forward pass); quality: judged accuracy (images: every "
+                 f"attribute right; text: caption parses to the truth); speedup: wall(no cache) / wall(cache)")
+    lines += [_target_line(direction, check) for direction, check in report.get("targets", {}).items()]
+    if report.get("compile"):
+        c = report["compile"]
+        lines.append(f"torch.compile ({c['direction']}, {c['steps']} steps, {c['samples']} samples): eager "
+                     f"{c['eager_s']:.3f} s, compiled {c['compiled_s']:.3f} s -> {c['speedup']:.2f}x (first call "
+                     f"{c['first_call_s']:.1f} s incl. compiling; identical tokens: {c['identical_tokens']})")
     return "\n".join(lines)
 
 
+def _target_line(direction: str, check: dict) -> str:
+    cache = check["cache"]
+    line = f"target {direction}: cache {cache['median_speedup']:.2f}x (identical: {cache['identical']})"
+    if "rule" in check:
+        best = "none" if check["best_setting"] is None else \
+            f"{check['best_setting']} {check['measure']} {check['best']:.3f} at {check['best_passes']:.1f} passes, " \
+            f"TPF {check['best_tpf']:.2f}"
+        line += (f"; {check['rule']}: best {best} vs all-steps {check['reference']:.3f} -> "
+                 f"{'met' if check['met'] else 'NOT met'}")
+    return line
+
+
 def _example(key: str):
-    return {"direction": "", "setting": "", "use_cache": False, "cache_tokens_identical": False}.get(key, 0.0)
+    return {"direction": "", "setting": "", "use_cache": False, "cache_tokens_identical": False,
+            "quality": "0.000"}.get(key, 0.0)
 
 
 def plot(report: dict, path: str | Path) -> Path:
-    """Agreement vs forward passes per sample (cached rows), one line per direction; log2 x axis."""
+    """Quality vs forward passes per sample (cached rows), one line per direction; log2 x axis. Judged quality
+    (solid) where the direction has it, agreement with the all-steps output (dashed) otherwise."""
     import matplotlib
     import matplotlib.ticker
 
@@ -236,14 +347,17 @@ def plot(report: dict, path: str | Path) -> Path:
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for direction in report["directions"]:
-        points = sorted((r["forward_passes"], r["agreement"]) for r in report["rows"]
-                        if r["direction"] == direction and r["use_cache"])
-        axis.plot(*zip(*points), marker="o", label=direction)
+        mine = [r for r in report["rows"] if r["direction"] == direction and r["use_cache"]]
+        judged = all(r.get("quality") is not None for r in mine)
+        key = "quality" if judged else "agreement"
+        points = sorted((r["forward_passes"], r[key]) for r in mine)
+        axis.plot(*zip(*points), marker="o", linestyle="-" if judged else "--",
+                  label=f"{direction} ({'judged quality' if judged else 'agreement'})")
     axis.set_xscale("log", base=2)
     axis.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     axis.set_xlabel("forward passes per sample")
-    axis.set_ylabel(f"agreement with {report['reference']}")
+    axis.set_ylabel(f"judged quality, or agreement with {report['reference']} (dashed)")
     axis.set_ylim(-0.02, 1.02)
     axis.set_title(f"sampler settings (seed {report['seed']}, temperature {report['temperature']:g})")
     axis.grid(alpha=0.3)

@@ -72,7 +72,8 @@ def test_json_png_and_table(report, tmp_path):
     assert saved["memory_kind"] in ("process_rss_high_water_mark", "cuda_max_memory_allocated")
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = format_table(report)
-    assert len(table.splitlines()) == len(report["rows"]) + 2 and "agree" in table
+    assert len(table.splitlines()) == len(report["rows"]) + 2 + len(report["targets"]) and "agree" in table
+    assert all(row["quality"] is None for row in report["rows"])  # no truth given: agreement only
 
 
 def test_bad_direction_is_a_clear_error(pipe):
@@ -93,3 +94,22 @@ def test_cli_bench_sample(tiny_model_dir, tmp_path, capsys):
     assert saved["directions"] == ["text->image", "image->text"] and saved["model"] == str(tiny_model_dir)
     assert (out / "bench_sample.png").is_file()
     assert "text->image" in capsys.readouterr().out
+    assert all(0.0 <= row["quality"] <= 1.0 for row in saved["rows"])  # judged against the scenes' truth
+    assert set(saved["targets"]) == {"text->image", "image->text"}
+
+
+def _row(direction, setting, passes, tpf, quality, speedup=3.0):
+    return {"direction": direction, "setting": setting, "use_cache": True, "forward_passes": passes, "tpf": tpf,
+            "quality": quality, "agreement": 1.0, "cache_speedup": speedup, "cache_tokens_identical": True}
+
+
+def test_target_checks_read_the_issue_rules_off_the_rows():
+    from inference.bench_sample import target_checks
+
+    rows = [_row("text->image", REFERENCE, 64, 1.0, 0.90), _row("text->image", "steps=8", 8, 8.0, 0.88),
+            _row("text->image", "steps=4", 4, 16.0, 0.95), _row("image->text", REFERENCE, 20, 1.0, 0.80),
+            _row("image->text", "tau=0.9", 8, 2.5, 0.80), _row("image->text", "tau=0.5", 5, 4.0, 0.70)]
+    checks = target_checks(rows)
+    assert checks["text->image"]["met"] and checks["text->image"]["best_setting"] == "steps=4"
+    assert not checks["image->text"]["met"] and checks["image->text"]["best_setting"] == "tau=0.5"
+    assert checks["image->text"]["cache"] == {"median_speedup": 3.0, "identical": True}

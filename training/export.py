@@ -1,14 +1,23 @@
-"""Export trained codecs as the package's shipped set (``unimodal/default_codecs``): weights stored in float16,
-which halves the files and measured the same as float32 (image codec: identical PSNR, usage and judge
-accuracy on 100 held-out samples of each kind). They load back as float32."""
+"""Export trained codecs and models as the package's shipped files: weights stored in float16, which halves
+the files and measured the same as float32 (image codec: identical PSNR, usage and judge accuracy on 100
+held-out samples of each kind). They load back as float32.
+
+The default model (``unimodal/default_model``) is a whole model folder: backbone, layout, training config and
+the three codecs it was trained with, so it is also the default codec folder for training.
+"""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+from backbone.dit import DiT
 from tokenizers_mm import get_codec_class
+from tokenizers_mm.layout import LAYOUT_FILE
 from training.tokens import CODEC_MODALITIES, codec_folder
+from unimodal.errors import DataError
+
+MODEL_FILES = (LAYOUT_FILE, "training_config.json")
 
 
 def export_codecs(source: str | Path, out: str | Path) -> Path:
@@ -16,6 +25,36 @@ def export_codecs(source: str | Path, out: str | Path) -> Path:
     out = Path(out)
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
+    _write_codecs(source, staging)
+    _publish(staging, out)
+    return out
+
+
+def export_model(model_dir: str | Path, out: str | Path) -> Path:
+    """A training run's model folder (``OUT/model``) re-saved for shipping: float16 backbone and codecs, the
+    layout and training config as they are. Written beside ``out`` and renamed into place."""
+    model_dir, out = Path(model_dir), Path(out)
+    if not (model_dir / "backbone").is_dir() or not (model_dir / LAYOUT_FILE).is_file():
+        raise DataError(f"{model_dir} is not a model folder (expected backbone/ and {LAYOUT_FILE}, as "
+                        f"`unimodal train` writes in OUT/model)")
+    staging = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    backbone = DiT.from_pretrained(model_dir / "backbone")
+    backbone.half().save_pretrained(staging / "backbone")
+    for name in MODEL_FILES:
+        if (model_dir / name).is_file():
+            shutil.copy2(model_dir / name, staging / name)
+    _write_codecs(model_dir, staging)
+    _publish(staging, out)
+    return out
+
+
+def _publish(staging: Path, out: Path) -> None:
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+
+
+def _write_codecs(source: str | Path, staging: Path) -> None:
     for modality in CODEC_MODALITIES:
         folder = codec_folder(source, modality)
         if modality == "text":
@@ -25,6 +64,3 @@ def export_codecs(source: str | Path, out: str | Path) -> Path:
         codec.model.half()
         codec.save_pretrained(staging / modality)
         codec.model.float()
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
-    return out

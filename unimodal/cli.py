@@ -177,6 +177,18 @@ def add_train_command(sub) -> None:
     train = sub.add_parser("train", help="train the model (masked diffusion over the shared token space)")
     add_arguments(train)
     train.set_defaults(func=run_from_args)
+    export = sub.add_parser("export-model", help="re-save a trained model folder in float16 for shipping "
+                                                 "(the packaged default model)")
+    export.add_argument("--model", required=True, help="a training run's model folder (OUT/model)")
+    export.add_argument("--out", default="unimodal/default_model")
+    export.set_defaults(func=_cmd_export_model)
+
+
+def _cmd_export_model(args) -> int:
+    from training.export import export_model
+
+    print(export_model(args.model, args.out))
+    return 0
 
 
 def _cmd_bench_train(args) -> int:
@@ -198,22 +210,25 @@ def _cmd_bench_train(args) -> int:
 
 def _cmd_bench_sample(args) -> int:
     from inference.bench_sample import bench_sample, format_table, parse_direction, save_report
-    from training.data.scenes import make_sample
+    from unimodal.eval_cases import load_cases
     from unimodal.inputs import as_image
     from unimodal.serve import load_pipeline, resolve_model_dir
 
     directions = [d.strip() for d in args.directions.split(",") if d.strip()]
     needed = {parse_direction(d)[0] for d in directions}
+    if args.compile:
+        parse_direction(args.compile)
     model_dir = resolve_model_dir(args.model)
     pipe = load_pipeline(model_dir, args.device)
-    # Conditions from the embedded scenes grammar (test split, split id 2), so no data build is needed.
-    scenes = [make_sample(args.seed, 2, i, False, speech="audio" in needed) for i in range(args.n)]
+    # Conditions and their truth from the embedded data's test split: no data build is needed.
+    cases, _ = load_cases(args.data, "test", args.n, speech="audio" in needed)
     size = pipe.image_codec.image_size
-    conditions = {"text": [s.text for s in scenes], "image": [as_image(s.image, size) for s in scenes],
-                  "audio": [s.audio for s in scenes if s.audio is not None]}
+    conditions = {"text": [c.text for c in cases], "image": [as_image(c.image, size) for c in cases],
+                  "audio": [c.audio for c in cases]}
     report = bench_sample(pipe, {m: conditions[m] for m in needed}, directions, args.taus, args.steps,
                           seed=args.seed, temperature=args.temperature, model_path=str(model_dir),
-                          progress=lambda d: print(f"done: {d}", file=sys.stderr, flush=True))
+                          progress=lambda d: print(f"done: {d}", file=sys.stderr, flush=True), cases=cases,
+                          compile_direction=args.compile)
     print(format_table(report))
     for path in save_report(report, args.out):
         print(path)
@@ -235,7 +250,11 @@ def _add_bench_sample_command(bench) -> None:
     sample = bench.add_parser("sample", help="sampler speed, memory and agreement per direction: tau sweep, step "
                                              "counts, with and without the condition cache")
     _add_model_arguments(sample)
-    sample.add_argument("--n", type=int, default=16, help="prompts (conditions) per direction")
+    sample.add_argument("--n", type=int, default=16, help="prompts (conditions) per data set and direction")
+    sample.add_argument("--data", default="scenes", help="scenes, digits or built data folders (test split); their "
+                                                         "truth gives each setting a judged quality")
+    sample.add_argument("--compile", default=None, metavar="DIRECTION",
+                        help="also time DIRECTION (e.g. text->image) with the denoising step under torch.compile")
     sample.add_argument("--out", default="bench-sample", help="folder for bench_sample.json and bench_sample.png")
     sample.add_argument("--directions", default=",".join(DEFAULT_DIRECTIONS),
                         help="comma-separated CONDITION->TARGET (default: all six one-to-one directions)")
