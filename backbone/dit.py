@@ -395,12 +395,23 @@ class DiT(ModelMixin, ConfigMixin):
 
         Equals :meth:`forward` on the conditions followed by these targets (``is_target`` True on them).
         """
+        attention_mask = self.check_target_inputs(ids, t, segment_ids, positions, cache, attention_mask)
+        return self.forward_targets_unchecked(ids, t, segment_ids, positions, cache, attention_mask)
+
+    def check_target_inputs(self, ids, t, segment_ids, positions, cache, attention_mask=None) -> torch.Tensor:
+        """The checks of :meth:`forward_targets`; returns the attention mask (all True when None)."""
         if self.config.causal:
             raise InputError("forward_targets is for masked-diffusion models; a causal (autoregressive) model "
                              "decodes with extend()")
         attention_mask = self._check_sequence(ids, segment_ids, positions, attention_mask)
         _check_t(t, ids.shape[0])
         self._check_cache(cache, ids.shape[0])
+        return attention_mask
+
+    def forward_targets_unchecked(self, ids, t, segment_ids, positions, cache: ConditionCache,
+                                  attention_mask: torch.Tensor) -> DiTOutput:
+        """:meth:`forward_targets` without its input checks (whose data-dependent branches would break a
+        ``torch.compile`` graph); for callers that checked the inputs already."""
         is_target = torch.ones_like(attention_mask)  # (B, L_t)
         x = self.embed(ids, segment_ids)  # (B, L_t, D)
         c_pair = self.condition_pair(t)  # (B, 2, D)

@@ -283,7 +283,11 @@ class _CompiledStep:
 
     def __init__(self, model):
         self._model = model
-        self.forward_targets = torch.compile(model.forward_targets, dynamic=True)
+        self._compiled = torch.compile(model.forward_targets_unchecked, dynamic=True)
+
+    def forward_targets(self, ids, t, segment_ids, positions, cache, attention_mask=None):
+        attention_mask = self._model.check_target_inputs(ids, t, segment_ids, positions, cache, attention_mask)
+        return self._compiled(ids, t, segment_ids, positions, cache, attention_mask)
 
     def __getattr__(self, name):
         return getattr(self._model, name)
