@@ -225,9 +225,14 @@ class AudioCodec:
     WEIGHTS = "vq"
     silence_code = SILENCE_CODE
 
-    def __init__(self, model: AudioVQModel):
+    VOCODER = "vocoder"
+
+    def __init__(self, model: AudioVQModel, vocoder=None):
+        """``vocoder``: a trained :class:`tokenizers_mm.vocoder.MelVocoder` to turn mels into waveforms;
+        None: Griffin-Lim."""
         self.model = model.eval()
         self.frontend = model.frontend()
+        self.vocoder = vocoder.eval() if vocoder is not None else None
 
     @property
     def codebook_size(self) -> int:
@@ -279,21 +284,39 @@ class AudioCodec:
         return [self.model.decode_indices(x[None].to(self.model.device))[0].float().cpu() if len(x) else
                 torch.zeros(n_mels, 0) for x in checked]
 
-    def decode(self, ids) -> list[np.ndarray]:
+    def decode(self, ids, vocoder: bool | None = None) -> list[np.ndarray]:
         """Code ids -> one float32 waveform at ``sample_rate`` per clip, 1024 samples (64 ms) per code.
 
-        No codes give an empty clip.
+        ``vocoder``: True / False forces the trained vocoder / Griffin-Lim; None uses the vocoder when the codec
+        has one. No codes give an empty clip.
         """
-        return [self.frontend.waveform(log_mel).numpy().astype(np.float32) if log_mel.shape[-1] else
-                np.zeros(0, np.float32) for log_mel in self.decode_log_mel(ids)]
+        return [self.waveform(log_mel, vocoder) if log_mel.shape[-1] else np.zeros(0, np.float32)
+                for log_mel in self.decode_log_mel(ids)]
+
+    @torch.no_grad()
+    def waveform(self, log_mel: torch.Tensor, vocoder: bool | None = None) -> np.ndarray:
+        """One (n_mels, T) log-mel -> float32 waveform, by the vocoder or by Griffin-Lim (see :meth:`decode`)."""
+        if vocoder and self.vocoder is None:
+            raise InputError("this audio codec has no trained vocoder; decode with vocoder=False (Griffin-Lim)")
+        if self.vocoder is not None and vocoder is not False:
+            wave = self.vocoder(log_mel[None].to(self.vocoder.device))[0].float().cpu()
+        else:
+            wave = self.frontend.waveform(log_mel)
+        return wave.numpy().astype(np.float32)
 
     def griffin_lim_only(self, clips) -> list[np.ndarray]:
         """The codec's mel -> Griffin-Lim path without the VQ: the ceiling the codec can reach."""
-        return [self.frontend.waveform(self.log_mel(wave)).numpy().astype(np.float32) for wave in check_clips(clips)]
+        return [self.waveform(self.log_mel(wave), vocoder=False) for wave in check_clips(clips)]
+
+    def vocoder_only(self, clips) -> list[np.ndarray]:
+        """The codec's mel -> trained vocoder path without the VQ."""
+        return [self.waveform(self.log_mel(wave), vocoder=True) for wave in check_clips(clips)]
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         directory = Path(directory)
         self.model.save_pretrained(directory / self.WEIGHTS)
+        if self.vocoder is not None:
+            self.vocoder.save_pretrained(directory / self.VOCODER)
         with open(directory / "codec.json", "w") as f:
             json.dump({"modality": self.modality, "class": type(self).__name__, "sample_rate": self.sample_rate,
                        "frame_rate": self.frame_rate, "codebook_size": self.codebook_size,
@@ -304,7 +327,12 @@ class AudioCodec:
         directory = Path(directory)
         if not (directory / cls.WEIGHTS).is_dir():
             raise InputError(f"{directory} holds no audio codec (expected a {cls.WEIGHTS}/ folder)")
-        codec = cls(AudioVQModel.from_pretrained(directory / cls.WEIGHTS))
+        vocoder = None
+        if (directory / cls.VOCODER).is_dir():
+            from tokenizers_mm.vocoder import MelVocoder
+
+            vocoder = MelVocoder.from_pretrained(directory / cls.VOCODER)
+        codec = cls(AudioVQModel.from_pretrained(directory / cls.WEIGHTS), vocoder)
         config_path = directory / "codec.json"
         if config_path.is_file():
             saved = json.loads(config_path.read_text())

@@ -276,9 +276,12 @@ def _write_wavs(out: Path, kind: str, versions: dict[str, list[np.ndarray]], cou
 
 def _evaluate_set(codec: AudioCodec, judge, kind: str, texts: list[str], originals: list[np.ndarray],
                   subsets: dict[str, slice] | None, out: Path | None) -> tuple[dict, list[torch.Tensor]]:
-    """WER rows of original / Griffin-Lim alone / codec for one set of clips, and the clips' codes."""
+    """WER rows of original / Griffin-Lim alone / codec (and, with a vocoder: vocoder alone / codec through
+    Griffin-Lim) for one set of clips, and the clips' codes."""
     codes = codec.encode(originals)
     versions = {"original": originals, "griffin_lim": codec.griffin_lim_only(originals), "codec": codec.decode(codes)}
+    if codec.vocoder is not None:  # the codec decodes with its vocoder; show both halves of that choice
+        versions |= {"vocoder": codec.vocoder_only(originals), "codec_griffin_lim": codec.decode(codes, vocoder=False)}
     if out is not None:
         _write_wavs(out, kind, versions)
     return _wer_rows(judge, texts, versions, subsets), codes

@@ -61,6 +61,9 @@ def _write_codecs(source: str | Path, staging: Path) -> None:
             shutil.copytree(folder, staging / modality)
             continue
         codec = get_codec_class(modality).from_pretrained(folder)
-        codec.model.half()
+        parts = [codec.model] + ([codec.vocoder] if getattr(codec, "vocoder", None) is not None else [])
+        for part in parts:
+            part.half()
         codec.save_pretrained(staging / modality)
-        codec.model.float()
+        for part in parts:
+            part.float()

@@ -64,7 +64,7 @@ class CodecStack:
         for modality in CODEC_MODALITIES:
             folder = codec_folder(directory, modality)
             for path in sorted(folder.rglob("*")):
-                if path.is_file():
+                if path.is_file() and "vocoder" not in path.relative_to(folder).parts:  # decoding only
                     digest.update(f"{modality}/{path.relative_to(folder).as_posix()}".encode())
                     digest.update(path.read_bytes())
         digest.update(repr(self.layout.to_dict()).encode())

@@ -67,6 +67,17 @@ def _cmd_codec_train(args) -> int:
     from unimodal.paths import cache_root
 
     out = args.out or str(cache_root() / "codecs" / args.modality)
+    if args.modality == "vocoder":
+        from training.checkpoint import cli_config
+        from training.tokens import codec_folder
+        from training.vocoder import VocoderTrainConfig, train_vocoder
+        from unimodal.paths import default_codecs_dir
+
+        codec = args.codec or str(codec_folder(default_codecs_dir(), "audio"))
+        cfg = cli_config(VocoderTrainConfig, out, args.resume, args.steps, seed=args.seed, **_batch(args))
+        train_vocoder(codec, out, cfg, resume=args.resume)
+        print(f"{out}/vocoder  (attach it: unimodal codec attach-vocoder --codec {codec} --vocoder {out}/vocoder)")
+        return 0
     if args.modality == "text":
         from tokenizers_mm.text import TextCodec, default_corpus
 
@@ -75,17 +86,26 @@ def _cmd_codec_train(args) -> int:
         from training.checkpoint import cli_config
         from training.codec_image import ImageCodecTrainConfig, train_image_codec
 
-        cfg = cli_config(ImageCodecTrainConfig, out, args.resume, args.steps, batch_size=args.batch_size,
-                         seed=args.seed)
+        cfg = cli_config(ImageCodecTrainConfig, out, args.resume, args.steps, seed=args.seed, **_batch(args))
         train_image_codec(out, cfg, resume=args.resume)
     else:
         from training.checkpoint import cli_config
         from training.codec_audio import AudioCodecTrainConfig, train_audio_codec
 
-        cfg = cli_config(AudioCodecTrainConfig, out, args.resume, args.steps, batch_size=args.batch_size,
-                         seed=args.seed)
+        cfg = cli_config(AudioCodecTrainConfig, out, args.resume, args.steps, seed=args.seed, **_batch(args))
         train_audio_codec(out, cfg, resume=args.resume)
     print(out)
+    return 0
+
+
+def _batch(args) -> dict:
+    return {} if args.batch_size is None else {"batch_size": args.batch_size}
+
+
+def _cmd_attach_vocoder(args) -> int:
+    from training.vocoder import attach_vocoder
+
+    print(attach_vocoder(args.codec, args.vocoder))
     return 0
 
 
@@ -112,12 +132,15 @@ def add_codec_commands(sub) -> None:
     codec = sub.add_parser("codec", help="train and evaluate the modality codecs").add_subparsers(
         dest="codec_cmd", required=True)
     train = codec.add_parser("train", help="train a codec from scratch (resumable)")
-    train.add_argument("modality", choices=["text", "image", "audio"])
+    train.add_argument("modality", choices=["text", "image", "audio", "vocoder"],
+                       help="vocoder: the audio codec's trained mel -> waveform model (replaces Griffin-Lim)")
+    train.add_argument("--codec", default=None, help="vocoder only: the audio codec folder it serves (default: "
+                                                      "the packaged audio codec)")
     train.add_argument("--out", default=None, help="run folder (default: ~/.cache/unimodal/codecs/MODALITY); "
                                                    "the trained codec lands in OUT/codec")
     train.add_argument("--steps", type=int, default=None,
                        help="total steps (default 2000; with --resume, the run's own total unless given)")
-    train.add_argument("--batch-size", type=int, default=32)
+    train.add_argument("--batch-size", type=int, default=None, help="default: 32 (vocoder: 16)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (its config wins, "
                                                               "except --steps)")
@@ -128,6 +151,11 @@ def add_codec_commands(sub) -> None:
     evaluate.add_argument("--n", type=int, default=300, help="held-out samples per kind")
     evaluate.add_argument("--out", default=None, help="folder for the JSON report and sample files")
     evaluate.set_defaults(func=_cmd_codec_eval)
+    attach = codec.add_parser("attach-vocoder", help="put a trained vocoder into an audio codec folder (the codec "
+                                                     "then decodes with it instead of Griffin-Lim)")
+    attach.add_argument("--codec", required=True, help="the audio codec folder")
+    attach.add_argument("--vocoder", required=True, help="OUT/vocoder of `unimodal codec train vocoder`")
+    attach.set_defaults(func=_cmd_attach_vocoder)
     export = codec.add_parser("export", help="save trained codecs (float16) as the package's shipped set")
     export.add_argument("--source", default=None, help="folder with text/, image/, audio/ codec runs "
                                                         "(default: ~/.cache/unimodal/codecs)")

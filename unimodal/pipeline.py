@@ -42,6 +42,7 @@ from tokenizers_mm.audio import AudioCodec, AudioVQModel
 from tokenizers_mm.image import ImageCodec, ImageVQModel
 from tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
 from tokenizers_mm.text import TextCodec
+from tokenizers_mm.vocoder import MelVocoder
 from unimodal.errors import DataError, InputError
 from unimodal.inputs import as_audio, as_image, as_text
 from unimodal.results import GenerationResult
@@ -61,16 +62,18 @@ class UniModal(DiffusionPipeline):
     (:meth:`generate_batch`) or load one instance per thread.
     """
 
+    _optional_components = ["vocoder"]  # an audio codec without a trained vocoder decodes with Griffin-Lim
+
     def __init__(self, backbone: DiT, tokenizer: PreTrainedTokenizerFast, image_vq: ImageVQModel,
-                 audio_vq: AudioVQModel, scheduler: MaskedDiffusionScheduler, layout: dict | None = None,
-                 task_weights: dict | None = None):
+                 audio_vq: AudioVQModel, scheduler: MaskedDiffusionScheduler, vocoder: MelVocoder | None = None,
+                 layout: dict | None = None, task_weights: dict | None = None):
         super().__init__()
         if layout is None:
             raise DataError("a UniModal pipeline needs its layout (the shared vocabulary of the trained model); "
                             "load one with UniModal.from_pretrained(model_folder)")
         layout = layout if isinstance(layout, Layout) else Layout.from_dict(layout)
         self.register_modules(backbone=backbone, tokenizer=tokenizer, image_vq=image_vq, audio_vq=audio_vq,
-                              scheduler=scheduler)
+                              scheduler=scheduler, vocoder=vocoder)
         self.register_to_config(layout=layout.to_dict(), task_weights=dict(task_weights) if task_weights else None)
         self.layout = layout
         self._codecs: dict[str, object] = {}
@@ -104,9 +107,10 @@ class UniModal(DiffusionPipeline):
         backbone = DiT.from_pretrained(folder / "backbone")
         if torch_dtype is not None:
             backbone = backbone.to(torch_dtype)
+        audio = AudioCodec.from_pretrained(_codec_folder(folder, "audio"))
         return cls(backbone=backbone, tokenizer=TextCodec.from_pretrained(_codec_folder(folder, "text")).tokenizer,
                    image_vq=ImageCodec.from_pretrained(_codec_folder(folder, "image")).model,
-                   audio_vq=AudioCodec.from_pretrained(_codec_folder(folder, "audio")).model,
+                   audio_vq=audio.model, vocoder=audio.vocoder,
                    scheduler=MaskedDiffusionScheduler(), layout=Layout.load(folder).to_dict(),
                    task_weights=_training_task_weights(folder))
 
@@ -139,7 +143,7 @@ class UniModal(DiffusionPipeline):
 
     @property
     def audio_codec(self) -> AudioCodec:
-        return self._codec("audio", lambda: AudioCodec(self.audio_vq))
+        return self._codec("audio", lambda: AudioCodec(self.audio_vq, getattr(self, "vocoder", None)))
 
     @property
     def autoregressive(self) -> bool:
