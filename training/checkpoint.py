@@ -60,3 +60,12 @@ def cli_config(config_cls, out_dir: str | os.PathLike, resume: bool, steps: int 
     if resume and steps is None and (Path(out_dir) / "checkpoint.pt").exists():
         return None
     return config_cls(**values, **({} if steps is None else {"steps": steps}))
+
+
+def restore(state: dict | None, model, optimizer) -> int:
+    """Load a checkpoint's model and optimizer states (when resuming); returns the step to continue from."""
+    if state is None:
+        return 0
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["step"])

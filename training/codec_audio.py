@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from tokenizers_mm.audio import AudioCodec, AudioVQModel, MelFrontend, trim_silence
-from training.checkpoint import load_checkpoint, resumed_config, save_atomic
+from training.checkpoint import load_checkpoint, restore, resumed_config, save_atomic
 from training.optim import warmup_cosine
 from unimodal.errors import DataError
 
@@ -151,11 +151,7 @@ def train_audio_codec(out_dir: str | Path, cfg: AudioCodecTrainConfig | None = N
     model = AudioVQModel(**cfg.model)
     pool = load_or_build_pool(cfg, model, out_dir / "pool.pt", progress)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    start = 0
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = state["step"]
+    start = restore(state, model, optimizer)
     finetune_from = int(cfg.steps * (1 - cfg.decoder_finetune_fraction))
     model.train()
     if start >= finetune_from:

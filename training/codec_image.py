@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from tokenizers_mm.image import ImageCodec, ImageVQModel, to_pixels
-from training.checkpoint import resumed_config, save_atomic
+from training.checkpoint import restore, resumed_config, save_atomic
 from training.optim import warmup_cosine
 from training.data import digits, photos, scenes
 
@@ -83,13 +83,9 @@ def train_image_codec(out_dir: str | Path, cfg: ImageCodecTrainConfig | None = N
     torch.manual_seed(cfg.seed)
     model = ImageVQModel(**cfg.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    start = 0
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = state["step"]
-        if "torch_rng" in state:  # dead-code restarts draw from it
-            torch.set_rng_state(state["torch_rng"])
+    start = restore(state, model, optimizer)
+    if state is not None and "torch_rng" in state:  # dead-code restarts draw from it
+        torch.set_rng_state(state["torch_rng"])
     finetune_from = int(cfg.steps * (1 - cfg.decoder_finetune_fraction))
     model.train()
     if start >= finetune_from:

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from tokenizers_mm.audio import LOG_FLOOR, AudioCodec
 from tokenizers_mm.vocoder import MelVocoder
-from training.checkpoint import load_checkpoint, resumed_config, save_atomic
+from training.checkpoint import load_checkpoint, restore, resumed_config, save_atomic
 from training.optim import warmup_cosine
 from unimodal.errors import DataError
 
@@ -119,11 +119,7 @@ def train_vocoder(codec_dir: str | Path, out_dir: str | Path, cfg: VocoderTrainC
     model = MelVocoder(n_mels=codec.model.config.n_mels, hop_length=hop, **cfg.model)
     pool = _load_or_build_pool(cfg, codec, out_dir / "pool.pt", progress)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.8, 0.99), weight_decay=0.01)
-    start = 0
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = state["step"]
+    start = restore(state, model, optimizer)
     model.train()
     bar = tqdm(range(start, cfg.steps), desc="vocoder", disable=not progress, initial=start, total=cfg.steps,
                mininterval=15)
