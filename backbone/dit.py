@@ -364,6 +364,11 @@ class DiT(ModelMixin, ConfigMixin):
         attention_mask = self._check_sequence(ids, segment_ids, positions, attention_mask)
         _check_bool("is_target", is_target, ids.shape)
         _check_t(t, ids.shape[0])
+        return self.forward_unchecked(ids, t, segment_ids, positions, is_target, attention_mask)
+
+    def forward_unchecked(self, ids, t, segment_ids, positions, is_target, attention_mask) -> DiTOutput:
+        """:meth:`forward` without its input checks (their data-dependent branches break ``torch.compile``
+        graphs); ``attention_mask`` is required."""
         x = self.embed(ids, segment_ids)  # (B, L, D)
         c_pair = self.condition_pair(t)  # (B, 2, D)
         rope = self.rotary(positions)  # (B, 1, L, hd) x2

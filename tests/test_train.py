@@ -215,3 +215,11 @@ def test_resume_keeps_the_runs_config_unless_steps_are_given(tmp_path):
     assert (cfg.lr, cfg.steps) == (5e-4, 20)
     cfg, state = resumed_config(TrainConfig, longer, tmp_path / "checkpoint.pt", resume=False)
     assert (cfg.lr, state) == (1e-3, None)
+
+
+def test_bench_train_reports_throughput_and_mfu():
+    from training.bench import bench_train, format_result
+
+    result = bench_train("tiny", batch_size=4, steps=1, bf16=False, grad_accum=2)
+    assert result.tokens_per_s > 0 and 0 < result.mfu < 1 and 0 < result.real_token_fraction <= 1
+    assert result.peak_bf16_tflops > 0 and not result.compiled and "MFU" in format_result(result)

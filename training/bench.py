@@ -37,6 +37,7 @@ class TrainBenchResult:
     peak_fp32_tflops: float
     peak_bf16_tflops: float
     mfu: float
+    compiled: bool = False
 
 
 def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
@@ -65,26 +66,41 @@ def synthetic_examples(batch_size: int, seed: int = 0):
     return layout, examples
 
 
+class CompiledForward(torch.nn.Module):
+    """The model with its forward (input checks aside) under ``torch.compile``, for training steps."""
+
+    def __init__(self, model: DiT):
+        super().__init__()
+        self.model = model
+        self._compiled = torch.compile(model.forward_unchecked, dynamic=True)
+
+    def forward(self, ids, t, segment_ids, positions, is_target, attention_mask):
+        return self._compiled(ids, t, segment_ids, positions, is_target, attention_mask)
+
+
 def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf16: bool = True,
-                grad_accum: int = 1) -> TrainBenchResult:
+                grad_accum: int = 1, compile: bool = False) -> TrainBenchResult:
     """One optimizer step = ``grad_accum`` length-grouped micro-batches of the ``batch_size`` examples, as the
-    trainer does it."""
+    trainer does it. ``compile``: the forward under ``torch.compile`` (its compile time is in the warm-up)."""
     layout, examples = synthetic_examples(batch_size)
     batches = [collate_examples(chunk) for chunk in length_grouped(examples, grad_accum)]
     torch.manual_seed(0)
     model = DiT.from_preset(preset, layout.vocab_size).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
+    runner = CompiledForward(model) if compile else model
 
     def one_step():
         optimizer.zero_grad(set_to_none=True)
         for batch in batches:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss, _ = step_loss(model, batch, MaskSchedule(), generator)
+                loss, _ = step_loss(runner, batch, MaskSchedule(), generator)
             (loss / len(batches)).backward()
         optimizer.step()
 
-    one_step()  # warm-up
+    one_step()  # warm-up (and compilation)
+    if compile:
+        one_step()  # dynamic shapes may compile a second graph
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -100,13 +116,13 @@ def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf1
     return TrainBenchResult(preset, sum(p.numel() for p in model.parameters()) / 1e6, torch.get_num_threads(),
                             batch_size, grad_accum, seq_len, tokens / padded, bf16, step_s, tokens / step_s,
                             model_flops / 1e12, peak32 / 1e12, peak16 / 1e12,
-                            model_flops / (peak16 if bf16 else peak32))
+                            model_flops / (peak16 if bf16 else peak32), compile)
 
 
 def format_result(r: TrainBenchResult) -> str:
     return (f"preset={r.preset} ({r.params_m:.1f}M params) threads={r.threads} batch={r.batch_size} "
             f"in {r.grad_accum} micro-batch(es), longest {r.seq_len}, {r.real_token_fraction:.0%} real tokens, "
-            f"bf16={r.bf16}\n  step {r.step_seconds:.3f} s | {r.tokens_per_s:,.0f} tokens/s | model "
+            f"bf16={r.bf16} compiled={r.compiled}\n  step {r.step_seconds:.3f} s | {r.tokens_per_s:,.0f} tokens/s | model "
             f"{r.model_tflops * 1000:.1f} GFLOP/s | peak fp32 {r.peak_fp32_tflops * 1000:.1f} / bf16 "
             f"{r.peak_bf16_tflops * 1000:.1f} GFLOP/s | MFU {r.mfu:.1%}")
 

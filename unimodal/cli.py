@@ -228,8 +228,13 @@ def _cmd_bench_train(args) -> int:
         torch.set_num_threads(args.threads)
     results = []
     for bf16 in ([True, False] if args.compare_fp32 else [not args.no_bf16]):
-        results.append(bench_train(args.preset, args.batch_size, args.steps, bf16=bf16, grad_accum=args.grad_accum))
-        print(format_result(results[-1]), flush=True)
+        for compiled in ([False, True] if args.compile else [False]):
+            results.append(bench_train(args.preset, args.batch_size, args.steps, bf16=bf16,
+                                       grad_accum=args.grad_accum, compile=compiled))
+            print(format_result(results[-1]), flush=True)
+        if args.compile:
+            print(f"  torch.compile speed-up (bf16={bf16}): "
+                  f"{results[-2].step_seconds / results[-1].step_seconds:.2f}x", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump([result_dict(r) for r in results], f, indent=2)
@@ -306,6 +311,8 @@ def add_bench_commands(sub) -> None:
     train.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     train.add_argument("--no-bf16", action="store_true")
     train.add_argument("--compare-fp32", action="store_true", help="run bf16 and fp32 side by side")
+    train.add_argument("--compile", action="store_true", help="also run the step with the forward under "
+                                                              "torch.compile, side by side with eager")
     train.add_argument("--json", default=None)
     train.set_defaults(func=_cmd_bench_train)
     _add_bench_sample_command(bench)
