@@ -38,9 +38,11 @@ try:  # optional, GPU only: used when importable and the tensors are on CUDA
 except Exception:  # noqa: BLE001 - a broken xformers install must not break the model
     memory_efficient_attention = None
 
-# Size presets. "small" is the default model, trained on a 2-core CPU for a few hours; "base" is for GPUs.
+# Size presets. "small" is the default model, trained on a 2-core CPU for a few hours; "mini" is for experiments
+# that train several models on that CPU (data efficiency); "base" is for GPUs.
 PRESETS = {
     "tiny": dict(hidden_size=64, num_layers=2, num_heads=4, critic_hidden=32),
+    "mini": dict(hidden_size=256, num_layers=6, num_heads=4, critic_hidden=64),  # CPU experiments (~1 h runs)
     "small": dict(hidden_size=384, num_layers=8, num_heads=6, critic_hidden=128),
     "base": dict(hidden_size=768, num_layers=12, num_heads=12, critic_hidden=256),
 }

@@ -149,3 +149,24 @@ def test_versus_ar_compares_both_models_on_the_same_prompts(tiny_codec_dir, capt
     assert ar_row["forward_passes"] == 64 and (tmp_path / "vs" / "versus_ar.png").is_file()
     assert main(["bench", "versus-ar", "--model", str(ar_dir), "--ar-model", str(caption_model),
                  "--out", str(tmp_path / "bad")]) == 2
+
+
+def test_data_efficiency_trains_both_objectives_and_judges_every_snapshot(tiny_codec_dir, tmp_path):
+    from training.data_efficiency import EfficiencyConfig, format_report, run_data_efficiency
+    from training.data.store import Sample, write_info, write_split
+
+    scenes, _ = load_cases("scenes", "test", 6, speech=False)
+    data = tmp_path / "de-scenes"
+    for split in ("train", "val", "test"):
+        write_split(data, split, [Sample(c.text, c.image, None, meta={"attributes": c.truth}) for c in scenes])
+    write_info(data, {"name": "mini", "splits": ["train", "val", "test"], "sample_rate": 16000})
+    cfg = EfficiencyConfig(data=str(data), subset=4, epochs=(1, 2), preset="tiny", batch_size=2, eval_n=2,
+                           eval_steps=2)
+    report = run_data_efficiency(cfg, tiny_codec_dir, tmp_path / "out", progress=False)
+    assert set(report["judged"]) == {"diffusion/1", "diffusion/2", "ar/1", "ar/2"}
+    assert all(0 <= v <= 1 for r in report["judged"].values() for v in r.values())
+    losses = report["held_out_loss"]
+    assert [e for e, _ in losses["ar"]["text->image"]] == [1.0, 2.0] and "diffusion" in losses
+    assert (tmp_path / "out" / "data_efficiency.png").is_file() and "epochs" in format_report(report)
+    again = run_data_efficiency(cfg, tiny_codec_dir, tmp_path / "out", progress=False)  # everything cached
+    assert again["judged"] == report["judged"]

@@ -5,11 +5,11 @@ import torch
 
 from training.data.scenes import make_sample
 from training.tokens import CodecStack
-from unimodal.paths import PACKAGE_DIR
+from unimodal.paths import default_codecs_dir
 
 
 def test_shipped_codecs_load_and_round_trip():
-    stack = CodecStack.load(PACKAGE_DIR / "default_codecs")
+    stack = CodecStack.load(default_codecs_dir())
     layout = stack.layout
     assert (layout.text_vocab_size, layout.image_codebook_size, layout.audio_codebook_size) == (4096, 512, 512)
     assert layout.audio_frame_rate == 15.625 and layout.image_grid == (8, 8)

@@ -316,9 +316,10 @@ def add_bench_commands(sub) -> None:
     train.add_argument("--json", default=None)
     train.set_defaults(func=_cmd_bench_train)
     _add_bench_sample_command(bench)
-    from unimodal.cli_eval import add_versus_ar_command
+    from unimodal.cli_eval import add_data_efficiency_command, add_versus_ar_command
 
     add_versus_ar_command(bench)
+    add_data_efficiency_command(bench)
 
 
 def _parse_cfg(value: str):

@@ -127,4 +127,34 @@ def add_versus_ar_command(bench) -> None:
     vs.set_defaults(func=_cmd_versus_ar)
 
 
-__all__ = ["add_eval_command", "add_versus_ar_command"]
+def _cmd_data_efficiency(args) -> int:
+    from training.data_efficiency import EfficiencyConfig, format_report, run_data_efficiency
+    from unimodal.paths import default_codecs_dir
+
+    epochs = tuple(sorted({int(e) for e in args.epochs.split(",") if e.strip()}))
+    if not epochs or epochs[0] < 1:
+        raise InputError(f"--epochs takes positive epoch counts, e.g. 1,2,4,8; got {args.epochs!r}")
+    cfg = EfficiencyConfig(data=args.data, subset=args.subset, epochs=epochs, preset=args.preset,
+                           batch_size=args.batch_size, eval_n=args.eval_n)
+    report = run_data_efficiency(cfg, args.codecs or default_codecs_dir(), args.out)
+    print(format_report(report))
+    print(Path(args.out) / "data_efficiency.json")
+    print(Path(args.out) / "data_efficiency.png")
+    return 0
+
+
+def add_data_efficiency_command(bench) -> None:
+    de = bench.add_parser("data-efficiency", help="diffusion vs AR twin trained for many epochs on one small "
+                                                  "subset: held-out loss and judged accuracy per epoch")
+    de.add_argument("--data", default="scenes")
+    de.add_argument("--subset", type=int, default=1000, help="training samples, repeated every epoch")
+    de.add_argument("--epochs", default="1,2,4,8,16,32,64", help="epoch milestones to keep and judge")
+    de.add_argument("--preset", default="mini")
+    de.add_argument("--batch-size", type=int, default=32)
+    de.add_argument("--eval-n", type=int, default=64, help="test cases judged per snapshot")
+    de.add_argument("--codecs", default=None, help="codec folder (default: the packaged codecs)")
+    de.add_argument("--out", required=True, help="folder for both runs, judged.json, data_efficiency.json/.png")
+    de.set_defaults(func=_cmd_data_efficiency)
+
+
+__all__ = ["add_data_efficiency_command", "add_eval_command", "add_versus_ar_command"]

@@ -25,6 +25,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def default_codecs_dir() -> Path:
-    """The codecs shipped inside the package (``unimodal/default_codecs``), else the ones trained into the cache."""
-    shipped = PACKAGE_DIR / "default_codecs"
-    return shipped if (shipped / "image").is_dir() else cache_root() / "codecs"
+    """The codecs shipped inside the package: those of the default model (``unimodal/default_model``, which holds
+    text/, image/ and audio/), else ``unimodal/default_codecs``; else the ones trained into the cache."""
+    for shipped in (PACKAGE_DIR / "default_model", PACKAGE_DIR / "default_codecs"):
+        if (shipped / "image").is_dir():
+            return shipped
+    return cache_root() / "codecs"
