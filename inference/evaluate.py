@@ -244,8 +244,9 @@ def model_hash(model_dir: str | Path) -> str:
 
 def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECTIONS, settings: dict | None = None,
              seed: int = 0, judges: Judges | None = None, batch_size: int = 16, progress: bool = True,
-             on_direction: Callable[[str, dict], None] | None = None) -> dict:
-    """Generate and judge every direction; returns the report (figures, settings, samples for the grids)."""
+             on_direction: Callable[[str, dict], None] | None = None, joint_n: int | None = None) -> dict:
+    """Generate and judge every direction; returns the report (figures, settings, samples for the grids).
+    ``joint_n``: samples of joint generation (it reads no case, so it needs no more than a sample size)."""
     if not cases:
         raise InputError("unimodal eval needs at least one case")
     judges, settings = judges or Judges(), dict(settings or {})
@@ -253,6 +254,8 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
     for direction in directions:
         conditions, _ = parse_direction(direction)
         usable = [c for c in cases if all(getattr(c, m) is not None for m in conditions)]
+        if direction == "joint" and joint_n is not None:
+            usable = usable[:joint_n]
         if not usable:
             continue
         results, wall = generate_direction(pipe, direction, usable, settings, seed, batch_size, progress)

@@ -37,9 +37,10 @@ def _cmd_eval(args) -> int:
         print(f"note: {note}", file=sys.stderr)
     settings = _settings(args)
     report = evaluate(pipe, cases, directions, settings, seed=args.seed, batch_size=args.batch_size,
-                      on_direction=lambda d, f: print(f"done: {d}", file=sys.stderr, flush=True))
+                      on_direction=lambda d, f: print(f"done: {d}", file=sys.stderr, flush=True),
+                      joint_n=args.joint_n)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), data=args.data, split=args.split,
-                  n_per_data_set=args.n, notes=notes)
+                  n_per_data_set=args.n, joint_n=args.joint_n, notes=notes)
     print(format_table(report))
     print(f"model {model_dir} (hash {report['model_hash']}), data {args.data}, split {args.split}")
     for path in save_report(report, args.out):
@@ -77,6 +78,7 @@ def add_eval_command(sub) -> None:
     ev.add_argument("--directions", default=",".join(DIRECTIONS), help="comma-separated, e.g. text->image,joint")
     ev.add_argument("--seed", type=int, default=0, help="request i is sampled with seed + i")
     ev.add_argument("--batch-size", type=int, default=16)
+    ev.add_argument("--joint-n", type=int, default=64, help="samples of joint generation (from nothing)")
     ev.add_argument("--out", default="eval", help="folder for eval.json, the grids and WAVs")
     _add_sampling_flags(ev, temperature_default=None)
     ev.set_defaults(func=_cmd_eval)
