@@ -35,8 +35,8 @@ def generate_autoregressive(model, layout: Layout, requests: Request | Sequence[
                          "masked-diffusion model samples with inference.sampler.generate")
     if isinstance(config, SamplerConfig) and config.cfg is not None:
         raise InputError("the autoregressive twin decodes without classifier-free guidance; leave cfg unset")
-    config, prepared = prepare_requests(model, layout, requests, config, "generate_autoregressive")
     requests = [requests] if isinstance(requests, Request) else list(requests)
+    config, prepared = prepare_requests(model, layout, requests, config, "generate_autoregressive")
     for item, request in zip(prepared, requests):
         if request.start_ids is not None:
             raise InputError(f"request {item.index}: an autoregressive model cannot regenerate parts of a given "
@@ -72,10 +72,10 @@ def _decode_group(model, layout: Layout, group: list[_Prepared], config: Sampler
                for span in target.spans}
     logits, cache = _prefix(model, layout, group, target, device)
     while not all(row.done for row in rows):
-        step = len(rows[0].commits)
         sampled, prob = _draw(logits[:, None], torch.stack([allowed[_modality(r)] for r in rows])[:, None],
                               generators, config)
-        feed = [_advance(layout, row, int(sampled[i, 0]), float(prob[i, 0]), step) for i, row in enumerate(rows)]
+        feed = [_advance(layout, row, int(sampled[i, 0]), float(prob[i, 0]), len(row.commits))
+                for i, row in enumerate(rows)]
         if all(row.done for row in rows):
             break
         logits, cache = _feed(model, target, rows, feed, cache, device)

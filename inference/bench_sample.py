@@ -181,18 +181,21 @@ def bench_direction(pipe, direction: str, values: list, settings: list[Setting],
     n_slots = target_slots(layout, target)
     for use_cache in (True, False):  # warm-up of both paths, untimed
         generate(model, layout, requests[:1], SamplerConfig(steps=1, seed=seed, use_cache=use_cache))
-    rows, reference, tokens = [], None, {}
+    rows, reference, tokens, outputs = [], None, {}, {}
     for setting in settings:
         for use_cache in (True, False):
             config = setting.config(n_slots, use_cache, seed, temperature)
             results, wall, *memory = timed_generate(model, layout, requests, config)
             reference = reference if reference is not None else results  # the first setting is the reference
             tokens[use_cache] = [_slot_ids(r) for r in results]
-            quality = judged_quality(pipe, target, results, cases, judges) if use_cache else rows[-1]["quality"]
+            outputs[use_cache] = results
             rows.append(_row(direction, setting, config, results, wall, memory)
-                        | {"agreement": agreement(results, reference), "quality": quality})
+                        | {"agreement": agreement(results, reference),
+                           "quality": judged_quality(pipe, target, results, cases, judges) if use_cache else None})
         same = all(torch.equal(a, b) for a, b in zip(tokens[True], tokens[False]))
         cached, uncached = rows[-2], rows[-1]
+        # identical tokens, identical verdicts; otherwise the uncached outputs are judged on their own
+        uncached["quality"] = cached["quality"] if same else judged_quality(pipe, target, outputs[False], cases, judges)
         for row in (cached, uncached):
             row["cache_speedup"] = uncached["wall_s_per_sample"] / cached["wall_s_per_sample"]
             row["cache_tokens_identical"] = same

@@ -62,7 +62,7 @@ def _cell(direction: str, case, result, score: dict) -> Image.Image:
         outputs = {"text": result.text, "image": result.image, "audio": result.audio}
         panels = [panel(condition, inputs[condition]), panel(target, outputs[target])]
         heard = score.get("transcript")
-        words = case.text + (f" | heard: {heard}" if heard is not None else "")
+        words = (case.text or "") + (f" | heard: {heard}" if heard is not None else "")
     width = len(panels) * PANEL + (len(panels) - 1) * 4
     cell = Image.new("RGB", (width, PANEL + 6 + CAPTION_LINES * LINE), (255, 255, 255))
     for i, picture in enumerate(panels):

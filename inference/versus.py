@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 
 from inference.evaluate import EvalCase, Judges, eval_requests, parse_direction, score_direction, summarize
+from unimodal.errors import InputError
 
 DEFAULT_DIRECTIONS = ("text->image", "image->text", "text->audio")
 DEFAULT_SWEEP = ({"mode": "confidence", "steps": 4}, {"mode": "confidence", "steps": 8},
@@ -68,6 +69,9 @@ def versus_ar(diffusion, autoregressive, cases: Sequence[EvalCase], directions: 
     for direction in directions:
         conditions, _ = parse_direction(direction)
         usable = [c for c in cases if all(getattr(c, m) is not None for m in conditions)]
+        if not usable:
+            raise InputError(f"no case has the {conditions[0]} that {direction} reads; choose other --directions "
+                             f"or --data")
         _warm_up(contenders, direction, usable[0])
         results, walls = _timed_chunks(contenders, direction, usable, seed, batch_size, progress)
         for name, outputs in results.items():

@@ -140,3 +140,15 @@ def test_train_objective_ar_writes_a_twin_the_pipeline_decodes(tiny_codec_dir, t
         pipe.generate(text="a small red circle", to="image", seed=0).token_ids
     with pytest.raises(InputError, match="train_subset"):
         TrainConfig(train_subset=0)
+
+
+def test_examples_pack_segments_in_the_order_generation_uses(layout):
+    tokens = {"text": torch.tensor([1, 2]), "image": torch.arange(64) % 32, "audio": torch.tensor([3, 4])}
+    for name in ("audio+text->image", "->image+text", "image->audio+text"):
+        for pad in (True, False):
+            spans = build_example(layout, tokens, Task.parse(name), pad_targets=pad).packed.spans
+            conditions, _, targets = name.partition("->")
+            n_cond = len([m for m in conditions.split("+") if m])
+            order = [s.modality for s in spans]
+            assert order[:n_cond] == sorted(order[:n_cond], key=["text", "image", "audio"].index)
+            assert order[n_cond:] == sorted(order[n_cond:], key=["text", "image", "audio"].index)

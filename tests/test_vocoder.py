@@ -61,3 +61,15 @@ def test_the_pipeline_carries_the_vocoder(tiny_codec_dir, tmp_path):
     assert result.audio.ndim == 1
     pipe.save_pretrained(tmp_path / "saved")
     assert UniModal.from_pretrained(tmp_path / "saved").vocoder is not None
+
+
+def test_a_vocoder_for_another_mel_geometry_is_refused(tiny_codec_dir, tmp_path):
+    from unimodal.errors import DataError
+
+    MelVocoder(n_mels=40, **TINY).save_pretrained(tmp_path / "other")
+    codec_dir = tmp_path / "audio"
+    shutil.copytree(tiny_codec_dir / "audio", codec_dir)
+    with pytest.raises(DataError, match="n_mels=40"):
+        attach_vocoder(codec_dir, tmp_path / "other")
+    with pytest.raises(InputError, match="frames >= 2"):
+        MelVocoder(**TINY)(torch.zeros(1, 80, 1))

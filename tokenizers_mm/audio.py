@@ -329,10 +329,13 @@ class AudioCodec:
             raise InputError(f"{directory} holds no audio codec (expected a {cls.WEIGHTS}/ folder)")
         vocoder = None
         if (directory / cls.VOCODER).is_dir():
-            from tokenizers_mm.vocoder import MelVocoder
+            from tokenizers_mm.vocoder import MelVocoder, check_vocoder_fits
 
             vocoder = MelVocoder.from_pretrained(directory / cls.VOCODER)
-        codec = cls(AudioVQModel.from_pretrained(directory / cls.WEIGHTS), vocoder)
+        model = AudioVQModel.from_pretrained(directory / cls.WEIGHTS)
+        if vocoder is not None:
+            check_vocoder_fits(model, vocoder, str(directory / cls.VOCODER))
+        codec = cls(model, vocoder)
         config_path = directory / "codec.json"
         if config_path.is_file():
             saved = json.loads(config_path.read_text())

@@ -54,6 +54,11 @@ class MelVocoder(ModelMixin, ConfigMixin):
 
     def forward(self, log_mel: torch.Tensor) -> torch.Tensor:
         c = self.config
+        if log_mel.ndim != 3 or log_mel.shape[1] != c.n_mels or log_mel.shape[2] < 2:
+            from unimodal.errors import InputError
+
+            raise InputError(f"the vocoder reads (batch, {c.n_mels}, frames >= 2) log-mels, got shape "
+                             f"{tuple(log_mel.shape)}")
         floor = torch.log(torch.tensor(c.log_floor))
         x = (log_mel.float() - floor) / 5.0  # silence at 0, speech a few units above
         x = self.stem_norm(self.stem(x.to(self.stem.weight.dtype)).transpose(1, 2)).transpose(1, 2)  # (B, C, T)
@@ -69,4 +74,14 @@ class MelVocoder(ModelMixin, ConfigMixin):
         return wave.clamp(-1.0, 1.0)  # (B, samples)
 
 
-__all__ = ["MelVocoder"]
+def check_vocoder_fits(vq, vocoder: MelVocoder, name: str) -> None:
+    """A vocoder serves an audio codec only with the same mel geometry (bins, FFT size, hop)."""
+    from unimodal.errors import DataError
+
+    for key in ("n_mels", "n_fft", "hop_length"):
+        if getattr(vq.config, key) != getattr(vocoder.config, key):
+            raise DataError(f"vocoder {name} has {key}={getattr(vocoder.config, key)} but the audio codec has "
+                            f"{getattr(vq.config, key)}; train a vocoder for this codec")
+
+
+__all__ = ["MelVocoder", "check_vocoder_fits"]

@@ -7,6 +7,9 @@ model with ``unimodal eval``'s judges on the same test cases. One run per object
 model "after 4 epochs" is the 4-epoch point of a 64-epoch schedule (learning rate still high), which is how
 the curves should be read.
 
+Held-out losses are computed on the live weights at every epoch; the judged snapshots are EMA weights
+(decay 0.99), the models a user would get.
+
 The two losses are not on one scale (the diffusion loss is an ELBO over masked tokens, the twin's a
 next-token cross-entropy), so each is plotted against itself: what matters is whether it keeps falling or
 turns up (overfitting). Judged accuracy is on one scale for both.
@@ -36,8 +39,21 @@ class EfficiencyConfig:
     eval_steps: int = 16  # diffusion sampler steps (the twin takes one per token)
     seed: int = 0
 
+    def __post_init__(self):
+        from unimodal.errors import InputError
+
+        for name in ("subset", "batch_size", "eval_n", "eval_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"data efficiency: {name} must be a positive int, got {value!r}")
+        if not self.epochs or any(not isinstance(e, int) or e < 1 for e in self.epochs):
+            raise InputError(f"data efficiency: epochs must be positive ints, got {self.epochs!r}")
+
     def steps_at(self, epoch: int) -> int:
         return max(1, round(epoch * self.subset / self.batch_size))
+
+    def epoch_of(self, step: int) -> float:
+        return step * self.batch_size / self.subset
 
 
 def train_both(cfg: EfficiencyConfig, codec_dir: str | Path, out: Path, progress: bool = True) -> dict[str, Path]:
@@ -54,7 +70,7 @@ def train_both(cfg: EfficiencyConfig, codec_dir: str | Path, out: Path, progress
                                 val_every=cfg.steps_at(1), checkpoint_every=max(1, cfg.steps_at(1)),
                                 ema_decay=0.99, seed=cfg.seed)
         if not (run / "model").is_dir():
-            train(run, [cfg.data], codec_dir, train_cfg, resume=True, progress=progress)
+            train(run, [d for d in cfg.data.split(",") if d], codec_dir, train_cfg, resume=True, progress=progress)
         runs[objective] = run
     return runs
 
@@ -85,13 +101,12 @@ def judge_snapshots(cfg: EfficiencyConfig, runs: dict[str, Path], out: Path, pro
 
 def held_out_losses(cfg: EfficiencyConfig, runs: dict[str, Path]) -> dict:
     """Per objective and task: (epoch, validation loss) at every validation point of the run."""
-    per_epoch = cfg.steps_at(1)
     curves = {}
     for objective, run in runs.items():
         history = json.loads((run / "history.json").read_text())
         for record in history:
             for task, loss in (record.get("val") or {}).items():
-                curves.setdefault(objective, {}).setdefault(task, []).append((record["step"] / per_epoch, loss))
+                curves.setdefault(objective, {}).setdefault(task, []).append((cfg.epoch_of(record["step"]), loss))
     return curves
 
 
@@ -130,12 +145,29 @@ def plot(report: dict, path: Path) -> Path:
 def run_data_efficiency(cfg: EfficiencyConfig, codec_dir: str | Path, out: str | Path, progress: bool = True) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    _claim(out, cfg)
     runs = train_both(cfg, codec_dir, out, progress)
     report = {"config": asdict(cfg), "steps_per_epoch": cfg.steps_at(1),
               "held_out_loss": held_out_losses(cfg, runs), "judged": judge_snapshots(cfg, runs, out, progress)}
     (out / "data_efficiency.json").write_text(json.dumps(report, indent=1))
     plot(report, out / "data_efficiency.png")
     return report
+
+
+def _claim(out: Path, cfg: EfficiencyConfig) -> None:
+    """``out/config.json`` records what the cached runs and verdicts in ``out`` belong to; another config is
+    refused instead of silently mixing results."""
+    from unimodal.errors import InputError
+
+    path, mine = out / "config.json", json.loads(json.dumps(asdict(cfg)))
+    if path.is_file():
+        theirs = json.loads(path.read_text())
+        if theirs != mine:
+            changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+            raise InputError(f"{out} holds a data-efficiency run with other settings ({', '.join(changed)}); "
+                             f"use another --out or the same settings")
+    else:
+        path.write_text(json.dumps(mine, indent=1))
 
 
 def format_report(report: dict) -> str:

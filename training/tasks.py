@@ -88,9 +88,9 @@ def build_example(layout: Layout, tokens: Mapping[str, torch.Tensor], task: Task
     """Conditions first (plain segments), then targets. Masked diffusion pads targets to full size (so the
     model learns lengths: it fills the slots after END with PAD); an autoregressive model ends a target at its
     END marker (``pad_targets=False``)."""
-    conditions = () if drop_condition else task.conditions
+    conditions = () if drop_condition else _canonical(task.conditions)
     target = layout.padded_segment if pad_targets else Segment
-    segments = [Segment(m, tokens[m]) for m in conditions] + [target(m, tokens[m]) for m in task.targets]
+    segments = [Segment(m, tokens[m]) for m in conditions] + [target(m, tokens[m]) for m in _canonical(task.targets)]
     packed = layout.pack(segments)
     is_target = torch.zeros(len(packed), dtype=torch.bool)
     maskable = torch.zeros(len(packed), dtype=torch.bool)
@@ -100,6 +100,12 @@ def build_example(layout: Layout, tokens: Mapping[str, torch.Tensor], task: Task
             maskable[list(span.slots)] = True
     name = task.name if not drop_condition else "->" + "+".join(task.targets)
     return Example(packed, is_target, maskable, name)
+
+
+def _canonical(modalities: tuple[str, ...]) -> list[str]:
+    """Segments in the one fixed order (text, image, audio) that generation packs them in: a causal model
+    must see them in the order it was trained on, whatever order a task's name lists them in."""
+    return sorted(modalities, key=MODALITY_NAMES.index)
 
 
 @dataclass(eq=False)

@@ -64,7 +64,8 @@ class CodecStack:
         for modality in CODEC_MODALITIES:
             folder = codec_folder(directory, modality)
             for path in sorted(folder.rglob("*")):
-                if path.is_file() and "vocoder" not in path.relative_to(folder).parts:  # decoding only
+                parts = path.relative_to(folder).parts  # the vocoder only decodes; dot-folders are staging
+                if path.is_file() and "vocoder" not in parts and not any(p.startswith(".") for p in parts):
                     digest.update(f"{modality}/{path.relative_to(folder).as_posix()}".encode())
                     digest.update(path.read_bytes())
         digest.update(repr(self.layout.to_dict()).encode())

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from tokenizers_mm.audio import LOG_FLOOR, AudioCodec
-from tokenizers_mm.vocoder import MelVocoder
+from tokenizers_mm.vocoder import MelVocoder, check_vocoder_fits
 from training.checkpoint import load_checkpoint, restore, resumed_config, save_atomic
 from training.optim import warmup_cosine
 from unimodal.errors import DataError
@@ -116,8 +116,9 @@ def train_vocoder(codec_dir: str | Path, out_dir: str | Path, cfg: VocoderTrainC
     codec = AudioCodec.from_pretrained(codec_dir)
     hop = codec.model.config.hop_length
     torch.manual_seed(cfg.seed)
-    model = MelVocoder(n_mels=codec.model.config.n_mels, hop_length=hop, **cfg.model)
-    pool = _load_or_build_pool(cfg, codec, out_dir / "pool.pt", progress)
+    model = MelVocoder(n_mels=codec.model.config.n_mels, n_fft=codec.model.config.n_fft, hop_length=hop,
+                       **cfg.model)
+    pool = _load_or_build_pool(cfg, codec, _codec_key(codec_dir), out_dir / "pool.pt", progress)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.8, 0.99), weight_decay=0.01)
     start = restore(state, model, optimizer)
     model.train()
@@ -147,8 +148,20 @@ def train_vocoder(codec_dir: str | Path, out_dir: str | Path, cfg: VocoderTrainC
     return model
 
 
-def _load_or_build_pool(cfg: VocoderTrainConfig, codec: AudioCodec, path: Path, progress: bool) -> list[_Clip]:
-    key = [cfg.seed, cfg.pool_size]
+def _codec_key(codec_dir: str | Path) -> str:
+    """The codec's VQ weights, hashed: a pool of decoded mels belongs to one codec."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted((Path(codec_dir) / AudioCodec.WEIGHTS).rglob("*")):
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _load_or_build_pool(cfg: VocoderTrainConfig, codec: AudioCodec, codec_key: str, path: Path,
+                        progress: bool) -> list[_Clip]:
+    key = [cfg.seed, cfg.pool_size, codec_key]
     if path.exists():
         state = load_checkpoint(path)
         if state.get("key") == key:
@@ -163,8 +176,8 @@ def attach_vocoder(codec_dir: str | Path, vocoder_dir: str | Path) -> Path:
     import shutil
 
     codec_dir, vocoder_dir = Path(codec_dir), Path(vocoder_dir)
-    MelVocoder.from_pretrained(vocoder_dir)  # refuse anything that is not a vocoder before touching the codec
-    AudioCodec.from_pretrained(codec_dir)
+    vocoder = MelVocoder.from_pretrained(vocoder_dir)  # refuse anything else before touching the codec
+    check_vocoder_fits(AudioCodec.from_pretrained(codec_dir).model, vocoder, str(vocoder_dir))
     target = codec_dir / AudioCodec.VOCODER
     staging = codec_dir / ".vocoder.tmp"
     shutil.rmtree(staging, ignore_errors=True)

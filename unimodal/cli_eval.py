@@ -133,7 +133,10 @@ def _cmd_data_efficiency(args) -> int:
     from training.data_efficiency import EfficiencyConfig, format_report, run_data_efficiency
     from unimodal.paths import default_codecs_dir
 
-    epochs = tuple(sorted({int(e) for e in args.epochs.split(",") if e.strip()}))
+    try:
+        epochs = tuple(sorted({int(e) for e in args.epochs.split(",") if e.strip()}))
+    except ValueError:
+        epochs = ()
     if not epochs or epochs[0] < 1:
         raise InputError(f"--epochs takes positive epoch counts, e.g. 1,2,4,8; got {args.epochs!r}")
     cfg = EfficiencyConfig(data=args.data, subset=args.subset, epochs=epochs, preset=args.preset,

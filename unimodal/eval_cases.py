@@ -68,8 +68,12 @@ def _folder_cases(folder: Path, split: str, n: int) -> list[EvalCase]:
                          f"(one with info.json)")
     dataset = BuiltDataset(folder, split)
     cases = []
-    for index in range(min(n, len(dataset))):
+    for index in range(len(dataset)):
+        if len(cases) == n:
+            break
         sample = dataset[index]
+        if not (sample.text or "").strip():  # every direction reads or scores the caption
+            continue
         truth = sample.meta.get("attributes")
         kind = "scene" if isinstance(truth, dict) and "objects" in truth else \
             "digit" if isinstance(truth, dict) and "digit" in truth else "other"
