@@ -77,6 +77,7 @@ class SamplerConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    choice_temperature: float = 0.0
     cfg: float | Mapping[str, float] | None = None
     seed: int | None = 0
     block_length: int = 16
@@ -93,6 +94,7 @@ class SamplerConfig:
         _check_real("tau", self.tau, "in (0, 1]", lambda x: 0 < x <= 1)
         _check_real("temperature", self.temperature, ">= 0", lambda x: x >= 0)
         _check_real("top_p", self.top_p, "in (0, 1]", lambda x: 0 < x <= 1)
+        _check_real("choice_temperature", self.choice_temperature, ">= 0", lambda x: x >= 0)
         if self.seed is not None:
             _check_int("seed", self.seed, 0, "a non-negative int below 2**62 or None", high=2**62)
         if not isinstance(self.use_cache, bool):
@@ -518,9 +520,24 @@ def _commit_count(available: int, n_confident: int, state: _Progress, config: Sa
     return available - remaining
 
 
+def _commit_order(prob: torch.Tensor, progress: list[_Progress], generators: list[torch.Generator],
+                  config: SamplerConfig) -> torch.Tensor:
+    """(b, L) score deciding which slots are committed first: the probability, or with ``choice_temperature``
+    (MaskGIT) log-probability + Gumbel noise scaled by ``choice_temperature * (1 - step / steps)``, so early
+    steps pick slots nearly at random (as masked diffusion's own reverse process does) and late ones by
+    confidence. Without it a greedy order lets the likeliest tokens everywhere (an image's background) win
+    first, and the rest of the picture follows them."""
+    if config.choice_temperature == 0:
+        return prob
+    anneal = torch.tensor([max(0.0, 1.0 - len(state.commits) / config.steps) for state in progress],
+                          device=prob.device)  # (b,)
+    noise = torch.stack([_gumbel(prob.shape[1:], g, prob.device) for g in generators]).to(prob.dtype)  # (b, L)
+    return prob.clamp_min(1e-30).log() + config.choice_temperature * anneal[:, None] * noise
+
+
 def _most_confident(window: torch.Tensor, confidence: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """(b, L) bool: the ``counts[i]`` most confident window slots of each sample (ties: leftmost first)."""
-    score = torch.where(window, confidence, -1.0)  # (b, L)
+    """(b, L) bool: the ``counts[i]`` best-scored window slots of each sample (ties: leftmost first)."""
+    score = torch.where(window, confidence, -math.inf)  # (b, L)
     order = score.argsort(dim=1, descending=True, stable=True)  # (b, L)
     places = torch.arange(order.shape[1], device=order.device).expand_as(order)  # (b, L)
     rank = torch.empty_like(order).scatter_(1, order, places)  # (b, L) rank of each slot
@@ -598,7 +615,8 @@ def _step(forward, info: _TargetInfo, scales, rows, part: _Tokens, progress, gen
     confident = (window & (prob >= config.tau)).sum(1).tolist()
     available = window.sum(1).tolist()
     counts = [_commit_count(n, c, state, config) for n, c, state in zip(available, confident, progress)]
-    commit = _most_confident(window, prob, torch.tensor(counts, device=part.ids.device))  # (b, L)
+    order = _commit_order(prob, progress, generators, config)  # (b, L)
+    commit = _most_confident(window, order, torch.tensor(counts, device=part.ids.device))  # (b, L)
     part.ids = torch.where(commit, chosen, part.ids)
     part.confidence = torch.where(commit, prob, part.confidence)
     step_index = torch.tensor([len(state.commits) for state in progress], device=part.ids.device)  # (b,)

@@ -55,7 +55,8 @@ from tokenizers_mm.layout import BOA, BOI, BOT, EOA, EOT, MASK, Layout, Packed
 from unimodal.errors import InputError
 
 # Settings stored in scheduler_config.json, by SamplerConfig field name (num_inference_steps is "steps").
-_STORED = ("mode", "schedule", "tau", "temperature", "top_k", "top_p", "block_length", "block_mode")
+_STORED = ("mode", "schedule", "tau", "temperature", "top_k", "top_p", "block_length", "block_mode",
+           "choice_temperature")
 _BEGIN_TO_END = {BOT: EOT, BOA: EOA}  # sequence segments (text, audio): begin marker -> END marker
 _BEGINS = (BOT, BOI, BOA)
 
@@ -86,7 +87,7 @@ class MaskedDiffusionScheduler(SchedulerMixin, ConfigMixin):
     @register_to_config
     def __init__(self, mode: str = "confidence", schedule: str = "cosine", num_inference_steps: int = 16,
                  tau: float = 0.9, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                 block_length: int = 16, block_mode: str = "confidence"):
+                 block_length: int = 16, block_mode: str = "confidence", choice_temperature: float = 0.0):
         self.sampler_config()  # validates every setting now (InputError names the bad one)
         self.num_inference_steps = num_inference_steps
         self.timesteps = self._mask_ratios(num_inference_steps)

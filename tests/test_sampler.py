@@ -290,7 +290,7 @@ def test_sampler_does_not_touch_the_model(model):
     ("temperature", -0.1), ("top_k", -1), ("top_k", 1.0), ("top_p", 0.0), ("top_p", 1.1), ("seed", "7"),
     ("seed", 7.0), ("seed", -1), ("seed", False), ("mode", "greedy"), ("schedule", "exp"), ("block_mode", "x"),
     ("block_length", 0), ("cfg", -1.0), ("cfg", {"video": 2.0}), ("cfg", {"text": -2.0}), ("cfg", "3"),
-    ("use_cache", 1), ("max_batch_size", 0)])
+    ("use_cache", 1), ("max_batch_size", 0), ("choice_temperature", -1.0)])
 def test_bad_settings_name_the_field(field, value):
     with pytest.raises(InputError, match=field):
         SamplerConfig(**{field: value})
@@ -319,3 +319,16 @@ def test_model_and_layout_must_share_the_vocabulary():
     other = DiT.from_preset("tiny", LAYOUT.vocab_size + 1)
     with pytest.raises(InputError, match="vocabulary"):
         generate(other, LAYOUT, Request([], ["image"]))
+
+
+def test_choice_temperature_changes_the_order_not_the_schedule(model):
+    """Gumbel noise on the commit order (MaskGIT): same commits per step, other slots first, reproducible,
+    and at the last step (annealed to 0) the order is by confidence again."""
+    request = Request([text(3, 4)], ["image"])
+    greedy, = generate(model, LAYOUT, request, SamplerConfig(steps=8, seed=1))
+    noisy, = generate(model, LAYOUT, request, SamplerConfig(steps=8, seed=1, choice_temperature=50.0))
+    again, = generate(model, LAYOUT, request, SamplerConfig(steps=8, seed=1, choice_temperature=50.0))
+    assert noisy.commits_per_step == greedy.commits_per_step
+    assert not torch.equal(noisy.committed_at["image"], greedy.committed_at["image"])
+    assert torch.equal(noisy.tokens["image"], again.tokens["image"])
+    assert torch.equal(noisy.committed_at["image"], again.committed_at["image"])

@@ -350,7 +350,7 @@ def _cmd_generate(args) -> int:
     pipe = load_pipeline(args.model, args.device)
     request = {key: getattr(args, key) for key in ("text", "image", "audio", "to", "steps", "mode", "tau",
                                                    "temperature", "top_k", "top_p", "cfg", "seed",
-                                                   "max_text_tokens", "max_audio_seconds")}
+                                                   "max_text_tokens", "max_audio_seconds", "choice_temperature")}
     request["out"] = args.out
     result = run_generate(pipe, request, progress=not args.quiet)
     if args.json:
@@ -383,6 +383,8 @@ def add_generate_commands(sub) -> None:
     gen.add_argument("--top-k", type=int, default=None)
     gen.add_argument("--top-p", type=float, default=None)
     gen.add_argument("--cfg", type=_parse_cfg, default=None, help="guidance scale (3) or per input (text=3,audio=2)")
+    gen.add_argument("--choice-temperature", type=float, default=None,
+                     help="Gumbel noise on which slots are committed first, annealed to 0 (MaskGIT; 0 = greedy order)")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--max-text-tokens", type=int, default=None)
     gen.add_argument("--max-audio-seconds", type=float, default=None)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from unimodal.errors import InputError
 
-SAMPLING_FLAGS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg")
+SAMPLING_FLAGS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "choice_temperature")
 
 
 def _settings(args) -> dict:
@@ -59,6 +59,8 @@ def _add_sampling_flags(parser, temperature_default) -> None:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--cfg", type=_parse_cfg, default=None, help="guidance scale (3) or per input (text=3)")
+    parser.add_argument("--choice-temperature", type=float, default=None,
+                        help="Gumbel noise on which slots are committed first, annealed to 0 (MaskGIT)")
 
 
 def add_eval_command(sub) -> None:

@@ -51,7 +51,7 @@ PIPELINE_INDEX = "model_index.json"
 TRAINING_CONFIG = "training_config.json"
 REQUEST_KEYS = ("text", "image", "audio", "to", "seed", "max_text_tokens", "max_audio_seconds")
 SETTING_KEYS = ("steps", "mode", "schedule", "tau", "temperature", "top_k", "top_p", "cfg", "seed",
-                "block_length", "block_mode", "max_batch_size")
+                "block_length", "block_mode", "max_batch_size", "choice_temperature")
 
 
 class UniModal(DiffusionPipeline):

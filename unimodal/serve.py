@@ -38,7 +38,7 @@ from unimodal.errors import InputError, UnimodalError
 
 INPUT_KEYS = ("text", "image", "audio")
 SETTING_KEYS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "seed", "max_text_tokens",
-                "max_audio_seconds", "schedule", "block_length", "block_mode")
+                "max_audio_seconds", "schedule", "block_length", "block_mode", "choice_temperature")
 GENERATE_KEYS = INPUT_KEYS + ("to", "out") + SETTING_KEYS
 OPS = ("generate", "ping", "shutdown")
 LATER_OPS = ("edit", "refine", "critique")  # arrive with the edit / refine issue
