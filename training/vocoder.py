@@ -45,6 +45,7 @@ class VocoderTrainConfig:
     checkpoint_every: int = 200
     bf16: bool = True
     model: dict = field(default_factory=dict)
+    init_from: str | None = None  # a trained vocoder folder to start from (fine-tuning), instead of random weights
 
 
 @dataclass
@@ -120,6 +121,8 @@ def train_vocoder(codec_dir: str | Path, out_dir: str | Path, cfg: VocoderTrainC
                        **cfg.model)
     pool = _load_or_build_pool(cfg, codec, _codec_key(codec_dir), out_dir / "pool.pt", progress)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.8, 0.99), weight_decay=0.01)
+    if state is None and cfg.init_from:
+        model.load_state_dict(MelVocoder.from_pretrained(cfg.init_from).state_dict())
     start = restore(state, model, optimizer)
     model.train()
     bar = tqdm(range(start, cfg.steps), desc="vocoder", disable=not progress, initial=start, total=cfg.steps,

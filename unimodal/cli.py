@@ -74,7 +74,8 @@ def _cmd_codec_train(args) -> int:
         from unimodal.paths import default_codecs_dir
 
         codec = args.codec or str(codec_folder(default_codecs_dir(), "audio"))
-        cfg = cli_config(VocoderTrainConfig, out, args.resume, args.steps, seed=args.seed, **_batch(args))
+        extra = {"init_from": args.init_from} if args.init_from else {}
+        cfg = cli_config(VocoderTrainConfig, out, args.resume, args.steps, seed=args.seed, **_batch(args), **extra)
         train_vocoder(codec, out, cfg, resume=args.resume)
         print(f"{out}/vocoder  (attach it: unimodal codec attach-vocoder --codec {codec} --vocoder {out}/vocoder)")
         return 0
@@ -136,6 +137,7 @@ def add_codec_commands(sub) -> None:
                        help="vocoder: the audio codec's trained mel -> waveform model (replaces Griffin-Lim)")
     train.add_argument("--codec", default=None, help="vocoder only: the audio codec folder it serves (default: "
                                                       "the packaged audio codec)")
+    train.add_argument("--init-from", default=None, help="vocoder only: start from this trained vocoder folder")
     train.add_argument("--out", default=None, help="run folder (default: ~/.cache/unimodal/codecs/MODALITY); "
                                                    "the trained codec lands in OUT/codec")
     train.add_argument("--steps", type=int, default=None,
