@@ -250,7 +250,7 @@ def test_bf16_autocast_on_cpu(model):
 
 def test_bad_inputs_raise_input_error(model):
     inputs = sample_inputs()
-    with pytest.raises(InputError, match="tiny, small, base"):
+    with pytest.raises(InputError, match="tiny, mini, small, base"):
         DiT.from_preset("huge", vocab_size=VOCAB)
     with pytest.raises(InputError, match="unknown DiT config"):
         DiT.from_preset("tiny", vocab_size=VOCAB, widht=3)
