@@ -23,7 +23,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-OBJECTIVES = ("diffusion", "ar")
+from training.train import OBJECTIVES  # masked diffusion, then its autoregressive twin
 
 
 @dataclass
