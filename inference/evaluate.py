@@ -282,10 +282,10 @@ def format_table(report: dict) -> str:
             extra = " ".join(f"{k}={row[k]:.3f}" for k in (*SCENE_ATTRIBUTES, "text_parses", "image_matches_text",
                                                              "audio_matches_text") if k in row)
             accuracy = row.get("accuracy", row.get("consistent"))
+            passes, wall = (f"{fig['forward_passes']:.1f}", f"{fig['wall_s_per_sample']:.3f}") if kind == "all" \
+                else ("-", "-")  # costs are per direction
             lines.append(f"{direction if kind == 'all' else '':<13} {kind:<6} {row.get('n', fig['n']):>4} "
-                         f"{_fmt(accuracy):>8} {_fmt(row.get('wer')):>6} "
-                         f"{fig['forward_passes'] if kind == 'all' else float('nan'):>7.1f} "
-                         f"{fig['wall_s_per_sample'] if kind == 'all' else float('nan'):>9.3f}  {extra}")
+                         f"{_fmt(accuracy):>8} {_fmt(row.get('wer')):>6} {passes:>7} {wall:>9}  {extra}".rstrip())
     ref = report.get("reference", {})
     lines.append("reference (judges on the real data): " + ", ".join(f"{k}={_fmt(v)}" for k, v in ref.items()))
     lines.append(f"accuracy: judged correct (joint: image, caption and speech agree); seed {report['seed']}; "
