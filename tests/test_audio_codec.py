@@ -163,3 +163,38 @@ def test_tiny_training_run_and_resume(tmp_path):
     pool = [torch.randn(80, n).half() for n in (10, 50, 90)]
     first, again = training_batch(cfg, 5, pool), training_batch(cfg, 5, pool)
     assert first.shape == (2, 80, 32) and torch.equal(first, again)  # a pure function of (seed, step)
+
+
+def test_decoder_upgrade_keeps_the_codes_and_trains_only_a_new_decoder(tmp_path):
+    from training.codec_audio import AudioCodecTrainConfig, train_audio_codec
+
+    base = AudioCodecTrainConfig(steps=2, batch_size=2, pool_size=6, crop_frames=32, checkpoint_every=1,
+                                 warmup=1, model=dict(TINY_MODEL))
+    source = train_audio_codec(tmp_path / "source", base, progress=False)
+    wider = dict(TINY_MODEL, decoder_channels=24, decoder_dilations=(1, 3, 9))
+    cfg = AudioCodecTrainConfig(steps=3, batch_size=2, pool_size=6, crop_frames=32, checkpoint_every=1, warmup=1,
+                                model=wider, init_from=str(tmp_path / "source" / "codec"))
+    upgraded = train_audio_codec(tmp_path / "upgrade", cfg, progress=False)
+    clip = [tone(1.0), tone(0.5, 660.0)]
+    assert all(torch.equal(a, b) for a, b in zip(source.encode(clip), upgraded.encode(clip)))
+    for name, value in source.model.state_dict().items():
+        if name.startswith(("encoder.", "quantize.")):
+            assert torch.equal(value, upgraded.model.state_dict()[name]), name
+    assert upgraded.model.config.decoder_channels == 24 and list(upgraded.model.config.decoder_dilations) == [1, 3, 9]
+    assert upgraded.model.config.encoder_channels == source.model.config.encoder_channels
+    assert not torch.equal(source.decode_log_mel(source.encode(clip))[0][:, :4],
+                           upgraded.decode_log_mel(upgraded.encode(clip))[0][:, :4])
+    # resuming keeps the upgraded architecture (the run's config holds the merged model config)
+    again = train_audio_codec(tmp_path / "upgrade", None, resume=True, progress=False)
+    assert again.model.config.decoder_channels == 24
+    assert torch.equal(again.encode(clip)[0], source.encode(clip)[0])
+
+
+def test_decoder_upgrade_refuses_a_missing_codec(tmp_path):
+    from training.codec_audio import AudioCodecTrainConfig, train_audio_codec
+    from unimodal.errors import UnimodalError
+
+    cfg = AudioCodecTrainConfig(steps=1, batch_size=2, pool_size=6, crop_frames=32, model=dict(TINY_MODEL),
+                                init_from=str(tmp_path / "nowhere"))
+    with pytest.raises(UnimodalError, match="nowhere"):
+        train_audio_codec(tmp_path / "run", cfg, progress=False)

@@ -127,3 +127,13 @@ def test_every_direction_demo_writes_its_files(tiny_model_dir, tmp_path):
     for name in ("text_to_image.png", "text_to_audio.wav", "image_to_text.txt", "audio_to_image.png",
                  "joint/image.png", "joint/audio.wav", "joint/text.txt", "summary.json"):
         assert (tmp_path / "demo" / name).exists(), name
+
+
+def test_codec_train_refuses_options_of_another_codec(tmp_path, capsys):
+    cases = [(["image", "--decoder-channels", "64"], "audio codec options, not image"),
+             (["text", "--init-from", tmp_path], "not the text codec"),
+             (["vocoder", "--decoder-dilations", "1,3"], "audio codec options, not vocoder")]
+    for args, message in cases:
+        code, _, err = run(capsys, "codec", "train", *args, "--out", tmp_path / "run")
+        assert code == 2 and message in err and "Traceback" not in err, (args, err)
+    assert not (tmp_path / "run").exists()

@@ -121,7 +121,8 @@ class AudioVQModel(ModelMixin, ConfigMixin):
                  silence_log_mel: float = -4.0, encoder_channels: int = 192, decoder_channels: int = 256,
                  dilations: tuple[int, ...] = (1, 3), num_down: int = 2, embed_dim: int = 16,
                  num_codes: int = 512, codebook_decay: float = 0.99, commitment: float = 0.25,
-                 restart_every: int = 100, dead_threshold: float = 0.03):
+                 restart_every: int = 100, dead_threshold: float = 0.03,
+                 decoder_dilations: tuple[int, ...] | None = None):
         super().__init__()
         ce, cd, dil = encoder_channels, decoder_channels, tuple(dilations)
         encoder = [nn.Conv1d(n_mels, ce, 5, padding=2)]
@@ -131,7 +132,10 @@ class AudioVQModel(ModelMixin, ConfigMixin):
         self.encoder = nn.Sequential(*encoder)
         self.quantize = SilenceAwareQuantizer(num_codes, embed_dim, decay=codebook_decay, commitment=commitment,
                                               restart_every=restart_every, dead_threshold=dead_threshold)
-        decoder = [nn.Conv1d(embed_dim, cd, 3, padding=1)] + _res_stack(cd, dil + dil)
+        # The decoder's first stack runs at the code rate; its dilations set how much context each decoded
+        # frame sees (default: the encoder's dilations twice).
+        code_rate_dil = tuple(decoder_dilations) if decoder_dilations else dil + dil
+        decoder = [nn.Conv1d(embed_dim, cd, 3, padding=1)] + _res_stack(cd, code_rate_dil)
         for _ in range(num_down):
             decoder += [nn.ConvTranspose1d(cd, cd, 4, stride=2, padding=1)] + _res_stack(cd, dil)
         decoder += [nn.SiLU(), nn.Conv1d(cd, n_mels, 5, padding=2)]

@@ -12,6 +12,10 @@ run folder; every batch is then a pure function of (seed, step): random clips, r
 Two phases, as for the image codec: encoder, codebook and decoder together, then for the last
 ``decoder_finetune_fraction`` of the steps only the decoder, on frozen codes.
 
+Decoder upgrade (``init_from``): copy a trained codec's encoder and codebook, freeze them for the whole run
+and train a new, possibly bigger decoder (``decoder_channels``, ``decoder_dilations``). The codes stay exactly
+the old codec's, so a model that already learned them keeps working; only what they decode to improves.
+
 Measured (defaults, 9000 steps of 32 crops, 72 min on one shared CPU thread; ``unimodal codec eval audio
 --n 100``): Whisper WER on test captions 0.216 original / 0.184 Griffin-Lim alone / 0.280 codec; on unseen
 sentences 0.481 / 0.573 / 0.718; 15.8 codes/s; all 512 codes used.
@@ -54,6 +58,7 @@ class AudioCodecTrainConfig:
     checkpoint_every: int = 200
     bf16: bool = True  # measured on the CPU: 2x faster than float32 for this model
     model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
+    init_from: str | None = None  # a trained codec folder: keep its encoder + codebook (frozen), train a decoder
 
 
 # ------------------------------------------------------------------------------------------------ training data
@@ -142,17 +147,43 @@ def _freeze_codes(model: AudioVQModel) -> None:
         module.eval()
 
 
+DECODER_KEYS = ("decoder_channels", "decoder_dilations")
+
+
+def _decoder_upgrade(cfg: AudioCodecTrainConfig) -> tuple[AudioCodecTrainConfig, AudioVQModel]:
+    """A fresh ``init_from`` run: the source codec's model config with the decoder keys of ``cfg.model``; its
+    encoder and codebook weights (and its decoder's too when the decoder's shape did not change)."""
+    from dataclasses import replace
+
+    source = AudioCodec.from_pretrained(cfg.init_from).model
+    model_config = {k: v for k, v in source.config.items() if not k.startswith("_")}
+    model_config |= {k: cfg.model[k] for k in DECODER_KEYS if k in cfg.model}
+    model_config = {k: list(v) if isinstance(v, tuple) else v for k, v in model_config.items()}
+    model = AudioVQModel(**model_config)
+    same_decoder = all(model.config[k] == source.config.get(k) for k in DECODER_KEYS)
+    kept = ("encoder.", "quantize.") + (("decoder.",) if same_decoder else ())
+    state = {k: v for k, v in source.state_dict().items() if k.startswith(kept)}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or any(k.startswith(("encoder.", "quantize.")) for k in missing):
+        raise DataError(f"cannot copy the encoder and codebook of {cfg.init_from}: missing {missing}, "
+                        f"unexpected {unexpected}")
+    return replace(cfg, model=model_config), model
+
+
 def train_audio_codec(out_dir: str | Path, cfg: AudioCodecTrainConfig | None = None, resume: bool = False,
                       progress: bool = True) -> AudioCodec:
     out_dir = Path(out_dir)
     ckpt_path = out_dir / "checkpoint.pt"
     cfg, state = resumed_config(AudioCodecTrainConfig, cfg, ckpt_path, resume)
     torch.manual_seed(cfg.seed)
-    model = AudioVQModel(**cfg.model)
+    if cfg.init_from and state is None:
+        cfg, model = _decoder_upgrade(cfg)
+    else:
+        model = AudioVQModel(**cfg.model)
     pool = load_or_build_pool(cfg, model, out_dir / "pool.pt", progress)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     start = restore(state, model, optimizer)
-    finetune_from = int(cfg.steps * (1 - cfg.decoder_finetune_fraction))
+    finetune_from = 0 if cfg.init_from else int(cfg.steps * (1 - cfg.decoder_finetune_fraction))
     model.train()
     if start >= finetune_from:
         _freeze_codes(model)

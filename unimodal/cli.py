@@ -67,6 +67,10 @@ def _cmd_codec_train(args) -> int:
     from unimodal.paths import cache_root
 
     out = args.out or str(cache_root() / "codecs" / args.modality)
+    if args.modality != "audio" and (args.decoder_channels is not None or args.decoder_dilations is not None):
+        raise InputError(f"--decoder-channels / --decoder-dilations are audio codec options, not {args.modality}")
+    if args.modality in ("text", "image") and args.init_from:
+        raise InputError(f"--init-from works for the audio codec and the vocoder, not the {args.modality} codec")
     if args.modality == "vocoder":
         from training.checkpoint import cli_config
         from training.tokens import codec_folder
@@ -93,7 +97,16 @@ def _cmd_codec_train(args) -> int:
         from training.checkpoint import cli_config
         from training.codec_audio import AudioCodecTrainConfig, train_audio_codec
 
-        cfg = cli_config(AudioCodecTrainConfig, out, args.resume, args.steps, seed=args.seed, **_batch(args))
+        from training.codec_audio import DEFAULT_MODEL
+
+        model = dict(DEFAULT_MODEL)
+        if args.decoder_channels is not None:
+            model["decoder_channels"] = args.decoder_channels
+        if args.decoder_dilations is not None:
+            model["decoder_dilations"] = tuple(args.decoder_dilations)
+        extra = {"init_from": args.init_from} if args.init_from else {}
+        cfg = cli_config(AudioCodecTrainConfig, out, args.resume, args.steps, seed=args.seed, model=model,
+                         **_batch(args), **extra)
         train_audio_codec(out, cfg, resume=args.resume)
     print(out)
     return 0
@@ -137,7 +150,13 @@ def add_codec_commands(sub) -> None:
                        help="vocoder: the audio codec's trained mel -> waveform model (replaces Griffin-Lim)")
     train.add_argument("--codec", default=None, help="vocoder only: the audio codec folder it serves (default: "
                                                       "the packaged audio codec)")
-    train.add_argument("--init-from", default=None, help="vocoder only: start from this trained vocoder folder")
+    train.add_argument("--init-from", default=None,
+                       help="vocoder: start from this trained vocoder folder; audio: upgrade the decoder of this "
+                            "trained codec folder (its encoder and codebook are copied and frozen, so its codes "
+                            "do not change; only the decoder trains)")
+    train.add_argument("--decoder-channels", type=int, default=None, help="audio: decoder width (default 256)")
+    train.add_argument("--decoder-dilations", type=_number_list(int), default=None,
+                       help="audio: dilations of the decoder's code-rate stack, e.g. 1,3,9,27 (default 1,3,1,3)")
     train.add_argument("--out", default=None, help="run folder (default: ~/.cache/unimodal/codecs/MODALITY); "
                                                    "the trained codec lands in OUT/codec")
     train.add_argument("--steps", type=int, default=None,
