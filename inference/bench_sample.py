@@ -12,10 +12,12 @@ run as one batched :func:`~inference.sampler.generate` call, so wall time per sa
 (after an untimed warm-up; on a tiny model it is noise-dominated). Per setting it reports TPF
 (generated target slots / forward passes, where generated slots are those the model sampled, not the PAD filled
 in after an END), forward passes and wall time per sample, peak memory, and *agreement*: the fraction of target
-slots (packed, so END/PAD positions count too) equal to the reference's. Agreement is a stand-in for quality
-until ``unimodal eval`` exists: it says how far parallel decoding drifts from one-token-per-step decoding, not
-whether either is right. It is meaningful with ``temperature=0`` (the default here); with sampling noise two
-settings disagree even when both are fine.
+slots (packed, so END/PAD positions count too) equal to the reference's, and, when the conditions come with
+their truth, the *judged quality* (``unimodal eval``'s judges) of every setting. Agreement says how far parallel
+decoding drifts from one-token-per-step decoding, not whether either is right; it is meaningful with
+``temperature=0`` (the default here); with sampling noise two settings disagree even when both are fine.
+``sampling`` holds the settings every row shares (temperature, cfg, choice_temperature): images from a model
+that needs guidance and a randomised commit order are benchmarked with them, as they are generated.
 
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` (reset before each setting, so per setting); on the
 CPU the process's resident-set high-water mark (``ru_maxrss``) after the setting, which never goes down: it
@@ -58,10 +60,11 @@ class Setting:
     steps: int | None = None
     tau: float | None = None
 
-    def config(self, n_slots: int, use_cache: bool, seed: int, temperature: float) -> SamplerConfig:
+    def config(self, n_slots: int, use_cache: bool, seed: int, sampling: dict | None = None) -> SamplerConfig:
+        """``sampling``: the settings shared by the whole sweep (temperature, cfg, choice_temperature, ...)."""
         return SamplerConfig(mode=self.mode, schedule=self.schedule, steps=self.steps or n_slots,
                              tau=self.tau if self.tau is not None else 0.9, use_cache=use_cache, seed=seed,
-                             temperature=temperature)
+                             **{"temperature": 0.0, **(sampling or {})})
 
 
 def sweep(taus, steps) -> list[Setting]:
@@ -172,7 +175,7 @@ def judged_quality(pipe, target: str, results: list[SampleResult], cases, judges
 
 
 def bench_direction(pipe, direction: str, values: list, settings: list[Setting], seed: int = 0,
-                    temperature: float = 0.0, cases=None, judges=None) -> list[dict]:
+                    sampling: dict | None = None, cases=None, judges=None) -> list[dict]:
     """One row per (setting, cache on/off) for ``values`` (the raw conditions) in ``direction``; with ``cases``
     (the truth behind each value) every row also gets its judged ``quality``."""
     condition, target = parse_direction(direction)
@@ -184,7 +187,7 @@ def bench_direction(pipe, direction: str, values: list, settings: list[Setting],
     rows, reference, tokens, outputs = [], None, {}, {}
     for setting in settings:
         for use_cache in (True, False):
-            config = setting.config(n_slots, use_cache, seed, temperature)
+            config = setting.config(n_slots, use_cache, seed, sampling)
             results, wall, *memory = timed_generate(model, layout, requests, config)
             reference = reference if reference is not None else results  # the first setting is the reference
             tokens[use_cache] = [_slot_ids(r) for r in results]
@@ -203,7 +206,7 @@ def bench_direction(pipe, direction: str, values: list, settings: list[Setting],
 
 
 def bench_sample(pipe, conditions: dict[str, list], directions=DEFAULT_DIRECTIONS, taus=DEFAULT_TAUS,
-                 steps=DEFAULT_STEPS, seed: int = 0, temperature: float = 0.0, model_path: str | None = None,
+                 steps=DEFAULT_STEPS, seed: int = 0, sampling: dict | None = None, model_path: str | None = None,
                  progress=None, cases=None, compile_direction: str | None = None) -> dict:
     """The whole sweep. ``conditions``: raw condition values per modality (the same N for every direction that
     reads that modality); ``cases``: optionally the truth behind them (:class:`inference.evaluate.EvalCase`,
@@ -218,18 +221,21 @@ def bench_sample(pipe, conditions: dict[str, list], directions=DEFAULT_DIRECTION
         condition, _ = parse_direction(direction)
         if not conditions.get(condition):
             raise InputError(f"direction {direction} needs {condition} conditions; none were given")
-        rows += bench_direction(pipe, direction, conditions[condition], settings, seed, temperature, cases, judges)
+        rows += bench_direction(pipe, direction, conditions[condition], settings, seed, sampling, cases, judges)
         if progress is not None:
             progress(direction)
     device = pipe.backbone.device
-    return {"model": None if model_path is None else str(model_path), "seed": seed, "temperature": temperature,
+    sampling = {"temperature": 0.0, **(sampling or {})}
+    return {"model": None if model_path is None else str(model_path), "seed": seed,
+            "temperature": sampling["temperature"], "sampling": sampling,
             "device": str(device), "torch_threads": torch.get_num_threads(),
             "samples": {m: len(v) for m, v in conditions.items()}, "directions": list(directions),
             "taus": [float(t) for t in taus], "steps": [int(n) for n in steps],
             "settings": [asdict(s) for s in settings], "reference": REFERENCE,
             "memory_kind": _peak_memory(device)[1], "rows": rows, "targets": target_checks(rows),
             "compile": None if compile_direction is None else
-            compile_speedup(pipe, compile_direction, conditions[parse_direction(compile_direction)[0]], seed)}
+            compile_speedup(pipe, compile_direction, conditions[parse_direction(compile_direction)[0]], seed,
+                            sampling=sampling)}
 
 
 def target_checks(rows: list[dict]) -> dict:
@@ -257,13 +263,14 @@ def target_checks(rows: list[dict]) -> dict:
     return checks
 
 
-def compile_speedup(pipe, direction: str, values: list, seed: int = 0, steps: int = 16, repeats: int = 3) -> dict:
+def compile_speedup(pipe, direction: str, values: list, seed: int = 0, steps: int = 16, repeats: int = 3,
+                    sampling: dict | None = None) -> dict:
     """Wall time of one setting (confidence, ``steps``) with the cached denoising step eager vs under
     ``torch.compile`` (dynamic shapes: the batch shrinks as samples finish); compile time reported apart."""
     condition, target = parse_direction(direction)
     model, layout = pipe.backbone, pipe.layout
     requests = [Request([(condition, ids)], [target]) for ids in encode_conditions(pipe, condition, values)]
-    config = SamplerConfig(steps=steps, seed=seed, temperature=0.0)
+    config = SamplerConfig(steps=steps, seed=seed, **{"temperature": 0.0, **(sampling or {})})
     compiled = _CompiledStep(model)
     start = time.perf_counter()
     generate(compiled, layout, requests, config)  # first call compiles
@@ -314,6 +321,7 @@ def format_table(report: dict) -> str:
         values = [row[key] / 2**20 if key == "peak_memory_bytes" else row[key] for key, _ in _COLUMNS]
         values = ["-" if v is None else f"{v:.3f}" if k == "quality" else v for (k, _), v in zip(_COLUMNS, values)]
         lines.append("  ".join(fmt.format(v) for (_, fmt), v in zip(_COLUMNS, values)))
+    lines.append(f"shared sampler settings: {json.dumps(report.get('sampling', {}))}; seed {report['seed']}")
     lines.append(f"peak memory: {report['memory_kind']}; agreement: with {report['reference']} "
                  f"(confidence mode, one token per forward pass); quality: judged accuracy (images: every "
                  f"attribute right; text: caption parses to the truth); speedup: wall(no cache) / wall(cache)")
@@ -366,7 +374,8 @@ def plot(report: dict, path: str | Path) -> Path:
     axis.set_xlabel("forward passes per sample")
     axis.set_ylabel(f"judged quality, or agreement with {report['reference']} (dashed)")
     axis.set_ylim(-0.02, 1.02)
-    axis.set_title(f"sampler settings (seed {report['seed']}, temperature {report['temperature']:g})")
+    shared = ", ".join(f"{k} {v}" for k, v in report.get("sampling", {"temperature": report["temperature"]}).items())
+    axis.set_title(f"sampler settings (seed {report['seed']}, {shared})", fontsize=9)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
     figure.tight_layout()

@@ -72,7 +72,8 @@ def test_json_png_and_table(report, tmp_path):
     assert saved["memory_kind"] in ("process_rss_high_water_mark", "cuda_max_memory_allocated")
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = format_table(report)
-    assert len(table.splitlines()) == len(report["rows"]) + 2 + len(report["targets"]) and "agree" in table
+    assert len(table.splitlines()) == len(report["rows"]) + 3 + len(report["targets"]) and "agree" in table
+    assert "shared sampler settings: {\"temperature\": 0.0}" in table
     assert all(row["quality"] is None for row in report["rows"])  # no truth given: agreement only
 
 
@@ -89,13 +90,17 @@ def test_cli_bench_sample(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "bench"
     assert main(["bench", "sample", "--model", str(tiny_model_dir), "--device", "cpu", "--n", "1",
                  "--directions", "text->image,image->text", "--taus", "0.9", "--steps", "2",
-                 "--out", str(out)]) == 0
+                 "--cfg", "2", "--choice-temperature", "3", "--out", str(out)]) == 0
     saved = json.loads((out / "bench_sample.json").read_text())
+    assert saved["sampling"] == {"temperature": 0.0, "cfg": 2.0, "choice_temperature": 3.0}
     assert saved["directions"] == ["text->image", "image->text"] and saved["model"] == str(tiny_model_dir)
     assert (out / "bench_sample.png").is_file()
     assert "text->image" in capsys.readouterr().out
     assert all(0.0 <= row["quality"] <= 1.0 for row in saved["rows"])  # judged against the scenes' truth
     assert set(saved["targets"]) == {"text->image", "image->text"}
+    capsys.readouterr()  # refused before the model (which does not exist) loads:
+    assert main(["bench", "sample", "--model", str(tmp_path / "no-model"), "--choice-temperature", "-1"]) == 2
+    assert "choice_temperature" in capsys.readouterr().err
 
 
 def _row(direction, setting, passes, tpf, quality, speedup=3.0):

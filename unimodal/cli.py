@@ -272,6 +272,7 @@ def _cmd_bench_sample(args) -> int:
     needed = {parse_direction(d)[0] for d in directions}
     if args.compile:
         parse_direction(args.compile)
+    sampling = _shared_sampling(args)
     model_dir = resolve_model_dir(args.model)
     pipe = load_pipeline(model_dir, args.device)
     # Conditions and their truth from the embedded data's test split: no data build is needed.
@@ -280,13 +281,26 @@ def _cmd_bench_sample(args) -> int:
     conditions = {"text": [c.text for c in cases], "image": [as_image(c.image, size) for c in cases],
                   "audio": [c.audio for c in cases]}
     report = bench_sample(pipe, {m: conditions[m] for m in needed}, directions, args.taus, args.steps,
-                          seed=args.seed, temperature=args.temperature, model_path=str(model_dir),
+                          seed=args.seed, model_path=str(model_dir), sampling=sampling,
                           progress=lambda d: print(f"done: {d}", file=sys.stderr, flush=True), cases=cases,
                           compile_direction=args.compile)
     print(format_table(report))
     for path in save_report(report, args.out):
         print(path)
     return 0
+
+
+def _shared_sampling(args) -> dict:
+    """The sampler settings every row of ``bench sample`` shares, validated like any SamplerConfig."""
+    from inference.sampler import SamplerConfig
+
+    sampling = {"temperature": args.temperature}
+    if args.cfg is not None:
+        sampling["cfg"] = args.cfg
+    if args.choice_temperature is not None:
+        sampling["choice_temperature"] = args.choice_temperature
+    SamplerConfig(**sampling)  # a bad value fails here, before the model is loaded
+    return sampling
 
 
 def _number_list(kind):
@@ -319,6 +333,9 @@ def _add_bench_sample_command(bench) -> None:
     sample.add_argument("--seed", type=int, default=0, help="seed of the prompts and of the sampler")
     sample.add_argument("--temperature", type=float, default=0.0,
                         help="0 (greedy, default) makes agreement measure decoding drift, not sampling noise")
+    sample.add_argument("--cfg", type=_parse_cfg, default=None, help="guidance scale for every row (e.g. 3)")
+    sample.add_argument("--choice-temperature", type=float, default=None,
+                        help="randomised commit order for every row (MaskGIT's choice temperature, e.g. 4.5)")
     sample.set_defaults(func=_cmd_bench_sample)
 
 
