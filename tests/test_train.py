@@ -148,6 +148,23 @@ def test_bf16_autocast_training_step(tiny_codec_dir, tiny_scenes, tmp_path):
     assert np.isfinite(history[0]["train_loss"]) and (model_dir / "backbone").exists()
 
 
+def test_init_from_starts_from_a_models_weights_and_refuses_a_misfit(tiny_codec_dir, tiny_scenes, tmp_path, capsys):
+    source = train(tmp_path / "source", [str(tiny_scenes)], tiny_codec_dir, _tiny_cfg(steps=2), progress=False)
+    # lr 0: the fine-tuning run cannot move, so its EMA model is exactly the source's weights
+    tuned = train(tmp_path / "tuned", [str(tiny_scenes)], tiny_codec_dir,
+                  _tiny_cfg(steps=1, lr=0.0, init_from=str(source)), progress=True)
+    assert f"initialised from {source}" in capsys.readouterr().out
+    a = DiT.from_pretrained(source / "backbone").state_dict()
+    b = DiT.from_pretrained(tuned / "backbone").state_dict()
+    assert all(torch.allclose(a[k].float(), b[k].float()) for k in a)
+    with pytest.raises(InputError, match="does not fit"):
+        train(tmp_path / "misfit", [str(tiny_scenes)], tiny_codec_dir,
+              _tiny_cfg(steps=1, init_from=str(source), model_overrides={"hidden_size": 32, "num_heads": 2}), progress=False)
+    with pytest.raises(InputError, match="not a model folder"):
+        train(tmp_path / "nowhere", [str(tiny_scenes)], tiny_codec_dir,
+              _tiny_cfg(steps=1, init_from=str(tmp_path / "nothing")), progress=False)
+
+
 def test_token_cache_is_reused(tiny_codec_dir, tiny_scenes):
     stack = CodecStack.load(tiny_codec_dir)
     first = tokenized_split(stack, tiny_codec_dir, tiny_scenes, "val", progress=False)

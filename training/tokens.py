@@ -37,6 +37,9 @@ def codec_folder(directory: str | os.PathLike, modality: str) -> Path:
     return folder
 
 
+MAX_AUDIO_SECONDS = 5.12  # longest clip a sample keeps: 80 codes at 15.625 codes/s, 160 at 31.25
+
+
 @dataclass
 class CodecStack:
     """The three codecs and the layout of their shared vocabulary."""
@@ -47,10 +50,14 @@ class CodecStack:
     layout: Layout
 
     @classmethod
-    def load(cls, directory: str | os.PathLike, max_text_len: int = 32, max_audio_len: int = 80) -> "CodecStack":
+    def load(cls, directory: str | os.PathLike, max_text_len: int = 32, max_audio_len: int | None = None,
+             max_audio_seconds: float = MAX_AUDIO_SECONDS) -> "CodecStack":
         """Codecs from ``directory/{text,image,audio}`` (each a codec folder, or a codec training run whose
-        result is in ``codec/``); the layout follows from their sizes."""
+        result is in ``codec/``); the layout follows from their sizes. The audio segment holds
+        ``max_audio_len`` codes, by default ``max_audio_seconds`` at the audio codec's frame rate."""
         codecs = {m: get_codec_class(m).from_pretrained(codec_folder(directory, m)) for m in CODEC_MODALITIES}
+        if max_audio_len is None:
+            max_audio_len = round(max_audio_seconds * float(codecs["audio"].frame_rate))
         layout = Layout(text_vocab_size=codecs["text"].codebook_size,
                         image_codebook_size=codecs["image"].codebook_size,
                         audio_codebook_size=codecs["audio"].codebook_size,

@@ -58,10 +58,14 @@ class TrainConfig:
     objective: str = "diffusion"
     train_subset: int | None = None  # train on the first N training samples only
     snapshots: list = field(default_factory=list)  # steps at which to also write OUT/model-stepN
+    init_from: str | None = None  # a model folder whose backbone weights start the run (fine-tuning)
+    max_audio_seconds: float = 5.12  # the audio segment's length: this many seconds of codes
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise InputError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if not self.max_audio_seconds > 0:
+            raise InputError(f"max_audio_seconds must be positive, got {self.max_audio_seconds!r}")
         if self.train_subset is not None and self.train_subset < 1:
             raise InputError(f"train_subset must be a positive number of samples, got {self.train_subset}")
 
@@ -259,6 +263,31 @@ def write_model_folder(directory: Path, model: DiT, ema: EMA, stack, codec_dir: 
     return directory
 
 
+def load_initial_weights(model: DiT, source: str | Path, layout, log: bool = True) -> None:
+    """Start ``model`` from the backbone of the model folder ``source`` (fine-tuning, or continuing a model on
+    re-encoded data). Every weight must match in name and shape: a different preset or vocabulary is refused.
+    A different layout (e.g. an audio codec with another frame rate but the same codebook size) is allowed and
+    reported: the ids it changes start from what they meant before."""
+    from tokenizers_mm.layout import Layout
+
+    folder = Path(source)
+    if not (folder / "backbone").is_dir():
+        raise InputError(f"--init-from {source}: not a model folder (expected {folder / 'backbone'}; use a "
+                         f"training run's OUT/model or unimodal/default_model)")
+    weights = DiT.from_pretrained(folder / "backbone").state_dict()
+    mine = model.state_dict()
+    wrong = sorted(k for k in mine if k not in weights or weights[k].shape != mine[k].shape)
+    extra = sorted(k for k in weights if k not in mine)
+    if wrong or extra:
+        raise InputError(f"--init-from {source}: its backbone does not fit this run's (preset / vocabulary differ): "
+                         f"{len(wrong)} weights missing or of another shape (e.g. {(wrong or extra)[:3]})")
+    model.load_state_dict({k: v.to(mine[k].dtype) for k, v in weights.items()})
+    if log and (folder / "layout.json").exists():
+        before, after = Layout.load(folder).to_dict(), layout.to_dict()
+        changed = {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
+        print(f"initialised from {source}" + (f"; layout changes: {changed}" if changed else ""), flush=True)
+
+
 def _load_tokens(stack, codec_dir, data_dirs, split, progress):
     from training.tokens import tokenized_split
 
@@ -288,7 +317,7 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path, cfg: Trai
     if cfg.batch_size % (world * cfg.grad_accum):
         raise InputError(f"batch size {cfg.batch_size} must divide evenly over {world} processes x "
                          f"{cfg.grad_accum} accumulation steps")
-    stack = CodecStack.load(codec_dir)
+    stack = CodecStack.load(codec_dir, max_audio_seconds=cfg.max_audio_seconds)
     data_dirs = resolve_data(data)
     with accelerator.main_process_first():
         train_tokens = _load_tokens(stack, codec_dir, data_dirs, "train", progress and accelerator.is_main_process)
@@ -300,6 +329,8 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path, cfg: Trai
     torch.manual_seed(cfg.seed)
     model = DiT.from_preset(cfg.preset, stack.layout.vocab_size, **{**cfg.model_overrides,
                                                                     "causal": cfg.autoregressive})
+    if cfg.init_from and state is None:
+        load_initial_weights(model, cfg.init_from, stack.layout, log=accelerator.is_main_process and progress)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     ema, history, start = EMA(model, cfg.ema_decay), [], 0
     if state is not None:
@@ -367,7 +398,7 @@ def add_arguments(parser) -> None:
     """The ``unimodal train`` / ``python -m training.train`` arguments."""
     from unimodal.paths import default_codecs_dir
 
-    parser.add_argument("--preset", default="small", help="backbone size: tiny, small or base")
+    parser.add_argument("--preset", default="small", help="backbone size: tiny, mini, small or base")
     parser.add_argument("--data", default="scenes", help="comma-separated: scenes, digits, built data folders or "
                                                          "JSONL manifests of your own data")
     parser.add_argument("--codecs", default=str(default_codecs_dir()),
@@ -392,6 +423,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--snapshots", type=_step_list, default=[],
                         help="comma-separated steps at which to also write OUT/model-stepN (EMA weights)")
     parser.add_argument("--ema-decay", type=float, default=TrainConfig.ema_decay)
+    parser.add_argument("--init-from", default=None,
+                        help="start from this model folder's weights (fine-tuning, e.g. unimodal/default_model on "
+                             "your own data); the preset and vocabulary must match")
+    parser.add_argument("--max-audio-seconds", type=float, default=TrainConfig.max_audio_seconds,
+                        help="longest audio a sample keeps (the audio segment's length)")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (its config wins, "
                                                               "except --steps)")
 
@@ -415,7 +451,7 @@ def run_from_args(args) -> int:
                      grad_accum=args.grad_accum, lr=args.lr, val_every=args.val_every,
                      checkpoint_every=args.checkpoint_every, bf16=not args.no_bf16, seed=args.seed,
                      objective=args.objective, train_subset=args.train_subset, snapshots=args.snapshots,
-                     ema_decay=args.ema_decay)
+                     ema_decay=args.ema_decay, init_from=args.init_from, max_audio_seconds=args.max_audio_seconds)
     model_dir = train(args.out, [d for d in args.data.split(",") if d], args.codecs, cfg, resume=args.resume)
     print(model_dir)
     return 0

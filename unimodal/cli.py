@@ -67,8 +67,12 @@ def _cmd_codec_train(args) -> int:
     from unimodal.paths import cache_root
 
     out = args.out or str(cache_root() / "codecs" / args.modality)
-    if args.modality != "audio" and (args.decoder_channels is not None or args.decoder_dilations is not None):
-        raise InputError(f"--decoder-channels / --decoder-dilations are audio codec options, not {args.modality}")
+    audio_only = (args.num_down, args.decoder_channels, args.decoder_dilations)
+    if args.modality != "audio" and any(value is not None for value in audio_only):
+        raise InputError(f"--num-down / --decoder-channels / --decoder-dilations are audio codec options, "
+                         f"not {args.modality}")
+    if args.init_from and args.num_down is not None:
+        raise InputError("--num-down changes the codes; --init-from keeps them (it only trains a new decoder)")
     if args.modality in ("text", "image") and args.init_from:
         raise InputError(f"--init-from works for the audio codec and the vocoder, not the {args.modality} codec")
     if args.modality == "vocoder":
@@ -100,6 +104,8 @@ def _cmd_codec_train(args) -> int:
         from training.codec_audio import DEFAULT_MODEL
 
         model = dict(DEFAULT_MODEL)
+        if args.num_down is not None:
+            model["num_down"] = args.num_down
         if args.decoder_channels is not None:
             model["decoder_channels"] = args.decoder_channels
         if args.decoder_dilations is not None:
@@ -154,6 +160,8 @@ def add_codec_commands(sub) -> None:
                        help="vocoder: start from this trained vocoder folder; audio: upgrade the decoder of this "
                             "trained codec folder (its encoder and codebook are copied and frozen, so its codes "
                             "do not change; only the decoder trains)")
+    train.add_argument("--num-down", type=int, choices=[1, 2, 3], default=None,
+                       help="audio: halvings of the 62.5 mel frames/s: 1 -> 31.25 codes/s, 2 -> 15.6 (default)")
     train.add_argument("--decoder-channels", type=int, default=None, help="audio: decoder width (default 256)")
     train.add_argument("--decoder-dilations", type=_number_list(int), default=None,
                        help="audio: dilations of the decoder's code-rate stack, e.g. 1,3,9,27 (default 1,3,1,3)")
