@@ -48,6 +48,7 @@ DEFAULT_DIRECTIONS = ("text->image", "image->text", "text->audio", "audio->text"
 DEFAULT_TAUS = (0.5, 0.7, 0.9)
 DEFAULT_STEPS = (4, 8, 16, 64)
 REFERENCE = "all-steps"
+SWEPT_FIELDS = ("steps", "mode", "schedule", "tau", "seed", "use_cache")  # what each Setting decides itself
 
 
 @dataclass(frozen=True)
@@ -182,8 +183,9 @@ def bench_direction(pipe, direction: str, values: list, settings: list[Setting],
     model, layout = pipe.backbone, pipe.layout
     requests = [Request([(condition, ids)], [target]) for ids in encode_conditions(pipe, condition, values)]
     n_slots = target_slots(layout, target)
-    for use_cache in (True, False):  # warm-up of both paths, untimed
-        generate(model, layout, requests[:1], SamplerConfig(steps=1, seed=seed, use_cache=use_cache))
+    for use_cache in (True, False):  # warm-up of both paths (guided rows too), untimed
+        generate(model, layout, requests[:1],
+                 SamplerConfig(steps=1, seed=seed, use_cache=use_cache, **{"temperature": 0.0, **(sampling or {})}))
     rows, reference, tokens, outputs = [], None, {}, {}
     for setting in settings:
         for use_cache in (True, False):
@@ -215,6 +217,10 @@ def bench_sample(pipe, conditions: dict[str, list], directions=DEFAULT_DIRECTION
     measure and the issue's target checks."""
     from inference.evaluate import Judges
 
+    swept = set(SWEPT_FIELDS) & set(sampling or {})
+    if swept:
+        raise InputError(f"sampling settings shared by the sweep cannot set {sorted(swept)}: the sweep sets "
+                         f"{', '.join(SWEPT_FIELDS)} itself (use taus / steps)")
     settings, judges = sweep(taus, steps), Judges()
     rows = []
     for direction in directions:

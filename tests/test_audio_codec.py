@@ -190,6 +190,16 @@ def test_decoder_upgrade_keeps_the_codes_and_trains_only_a_new_decoder(tmp_path)
     assert torch.equal(again.encode(clip)[0], source.encode(clip)[0])
 
 
+def test_bad_decoder_settings_are_clear_errors():
+    from tokenizers_mm.audio import AudioVQModel
+    from unimodal.errors import InputError
+
+    for bad in (dict(decoder_channels=0), dict(decoder_dilations=[]), dict(decoder_dilations=[1, 0]),
+                dict(dilations=(1, -3))):
+        with pytest.raises(InputError, match=next(iter(bad))):
+            AudioVQModel(**TINY_MODEL | bad)
+
+
 def test_decoder_upgrade_refuses_a_missing_codec(tmp_path):
     from training.codec_audio import AudioCodecTrainConfig, train_audio_codec
     from unimodal.errors import UnimodalError

@@ -77,6 +77,11 @@ def test_json_png_and_table(report, tmp_path):
     assert all(row["quality"] is None for row in report["rows"])  # no truth given: agreement only
 
 
+def test_shared_settings_cannot_override_the_sweep(pipe):
+    with pytest.raises(InputError, match="cannot set \\['steps'\\]"):
+        bench_sample(pipe, {"text": ["a red circle"]}, ["text->image"], taus=[0.9], steps=[2], sampling={"steps": 3})
+
+
 def test_bad_direction_is_a_clear_error(pipe):
     with pytest.raises(InputError, match="CONDITION->TARGET"):
         parse_direction("text=>image")

@@ -124,6 +124,12 @@ class AudioVQModel(ModelMixin, ConfigMixin):
                  restart_every: int = 100, dead_threshold: float = 0.03,
                  decoder_dilations: tuple[int, ...] | None = None):
         super().__init__()
+        for name, value in (("encoder_channels", encoder_channels), ("decoder_channels", decoder_channels)):
+            if not (isinstance(value, int) and value >= 1):
+                raise InputError(f"audio codec {name} must be an int >= 1, got {value!r}")
+        for name, value in (("dilations", dilations), ("decoder_dilations", decoder_dilations)):
+            if value is not None and not (len(value) >= 1 and all(isinstance(d, int) and d >= 1 for d in value)):
+                raise InputError(f"audio codec {name} must be a non-empty list of ints >= 1, got {value!r}")
         ce, cd, dil = encoder_channels, decoder_channels, tuple(dilations)
         encoder = [nn.Conv1d(n_mels, ce, 5, padding=2)]
         for _ in range(num_down):

@@ -13,8 +13,10 @@ Two phases, as for the image codec: encoder, codebook and decoder together, then
 ``decoder_finetune_fraction`` of the steps only the decoder, on frozen codes.
 
 Decoder upgrade (``init_from``): copy a trained codec's encoder and codebook, freeze them for the whole run
-and train a new, possibly bigger decoder (``decoder_channels``, ``decoder_dilations``). The codes stay exactly
-the old codec's, so a model that already learned them keeps working; only what they decode to improves.
+and train a new, possibly bigger decoder (``decoder_channels``, ``decoder_dilations``; ``model`` then holds
+only these overrides, the rest comes from the source). The codes stay exactly the old codec's, so a model that
+already learned them keeps working. The source's vocoder is carried over, but it was fine-tuned on the old
+decoder's mels: fine-tune it again on the new ones (``unimodal codec train vocoder --codec NEW --init-from``).
 
 Measured (defaults, 9000 steps of 32 crops, 72 min on one shared CPU thread; ``unimodal codec eval audio
 --n 100``): Whisper WER on test captions 0.216 original / 0.184 Griffin-Lim alone / 0.280 codec; on unseen
@@ -58,7 +60,7 @@ class AudioCodecTrainConfig:
     checkpoint_every: int = 200
     bf16: bool = True  # measured on the CPU: 2x faster than float32 for this model
     model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
-    init_from: str | None = None  # a trained codec folder: keep its encoder + codebook (frozen), train a decoder
+    init_from: str | None = None  # a trained codec (or run) folder: keep its encoder + codebook, train a decoder
 
 
 # ------------------------------------------------------------------------------------------------ training data
@@ -150,12 +152,18 @@ def _freeze_codes(model: AudioVQModel) -> None:
 DECODER_KEYS = ("decoder_channels", "decoder_dilations")
 
 
+def _source_codec(cfg: AudioCodecTrainConfig) -> AudioCodec:
+    """The codec ``init_from`` names: a codec folder or a codec training run (its ``codec/``)."""
+    folder = Path(cfg.init_from)
+    return AudioCodec.from_pretrained(folder / "codec" if (folder / "codec").is_dir() else folder)
+
+
 def _decoder_upgrade(cfg: AudioCodecTrainConfig) -> tuple[AudioCodecTrainConfig, AudioVQModel]:
     """A fresh ``init_from`` run: the source codec's model config with the decoder keys of ``cfg.model``; its
     encoder and codebook weights (and its decoder's too when the decoder's shape did not change)."""
     from dataclasses import replace
 
-    source = AudioCodec.from_pretrained(cfg.init_from).model
+    source = _source_codec(cfg).model
     model_config = {k: v for k, v in source.config.items() if not k.startswith("_")}
     model_config |= {k: cfg.model[k] for k in DECODER_KEYS if k in cfg.model}
     model_config = {k: list(v) if isinstance(v, tuple) else v for k, v in model_config.items()}
@@ -211,7 +219,8 @@ def train_audio_codec(out_dir: str | Path, cfg: AudioCodecTrainConfig | None = N
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             save_atomic({"config": asdict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                          "step": step + 1}, ckpt_path)
-    codec = AudioCodec(model.eval())
+    vocoder = _source_codec(cfg).vocoder if cfg.init_from else None  # see the module docstring
+    codec = AudioCodec(model.eval(), vocoder=vocoder)
     codec.save_pretrained(out_dir / "codec")
     return codec
 

@@ -21,7 +21,7 @@ from tokenizers_mm import get_codec_class
 from tokenizers_mm.layout import Layout
 from training.checkpoint import load_checkpoint, save_atomic
 from training.data.store import BuiltDataset, Sample
-from unimodal.errors import DataError
+from unimodal.errors import DataError, InputError
 from unimodal.paths import cache_root
 
 CODEC_MODALITIES = ("text", "image", "audio")
@@ -58,6 +58,9 @@ class CodecStack:
         codecs = {m: get_codec_class(m).from_pretrained(codec_folder(directory, m)) for m in CODEC_MODALITIES}
         if max_audio_len is None:
             max_audio_len = round(max_audio_seconds * float(codecs["audio"].frame_rate))
+            if max_audio_len < 1:
+                raise InputError(f"max_audio_seconds {max_audio_seconds} holds no audio code at "
+                                 f"{codecs['audio'].frame_rate} codes/s")
         layout = Layout(text_vocab_size=codecs["text"].codebook_size,
                         image_codebook_size=codecs["image"].codebook_size,
                         audio_codebook_size=codecs["audio"].codebook_size,

@@ -13,6 +13,7 @@ slice of the global batch.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from training.objective import (mask_targets, masked_diffusion_loss, masked_toke
 from training.optim import warmup_cosine
 from training.schedule import MaskSchedule
 from training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, TaskMixture, build_example, collate_examples
+from training.tokens import MAX_AUDIO_SECONDS
 from unimodal.errors import InputError
 
 _current_step = -1
@@ -59,13 +61,14 @@ class TrainConfig:
     train_subset: int | None = None  # train on the first N training samples only
     snapshots: list = field(default_factory=list)  # steps at which to also write OUT/model-stepN
     init_from: str | None = None  # a model folder whose backbone weights start the run (fine-tuning)
-    max_audio_seconds: float = 5.12  # the audio segment's length: this many seconds of codes
+    max_audio_seconds: float = MAX_AUDIO_SECONDS  # the audio segment's length: this many seconds of codes
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise InputError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if not self.max_audio_seconds > 0:
-            raise InputError(f"max_audio_seconds must be positive, got {self.max_audio_seconds!r}")
+        if not (isinstance(self.max_audio_seconds, (int, float)) and math.isfinite(self.max_audio_seconds)
+                and self.max_audio_seconds > 0):
+            raise InputError(f"max_audio_seconds must be a positive number of seconds, got {self.max_audio_seconds!r}")
         if self.train_subset is not None and self.train_subset < 1:
             raise InputError(f"train_subset must be a positive number of samples, got {self.train_subset}")
 
@@ -274,18 +277,23 @@ def load_initial_weights(model: DiT, source: str | Path, layout, log: bool = Tru
     if not (folder / "backbone").is_dir():
         raise InputError(f"--init-from {source}: not a model folder (expected {folder / 'backbone'}; use a "
                          f"training run's OUT/model or unimodal/default_model)")
-    weights = DiT.from_pretrained(folder / "backbone").state_dict()
-    mine = model.state_dict()
-    wrong = sorted(k for k in mine if k not in weights or weights[k].shape != mine[k].shape)
-    extra = sorted(k for k in weights if k not in mine)
-    if wrong or extra:
-        raise InputError(f"--init-from {source}: its backbone does not fit this run's (preset / vocabulary differ): "
-                         f"{len(wrong)} weights missing or of another shape (e.g. {(wrong or extra)[:3]})")
+    source_model = DiT.from_pretrained(folder / "backbone")
+    differ = {k: (v, model.config.get(k)) for k, v in source_model.config.items()
+              if not k.startswith("_") and k != "causal" and model.config.get(k) != v}
+    if differ:  # same shapes are not enough: e.g. another head count reads the same weights differently
+        raise InputError(f"--init-from {source}: its backbone does not fit this run's (preset / vocabulary "
+                         f"differ): {', '.join(f'{k} {a} here {b}' for k, (a, b) in differ.items())}")
+    weights, mine = source_model.state_dict(), model.state_dict()
+    if set(weights) != set(mine) or any(weights[k].shape != mine[k].shape for k in mine):
+        raise InputError(f"--init-from {source}: its backbone's weights do not fit this run's model")
     model.load_state_dict({k: v.to(mine[k].dtype) for k, v in weights.items()})
     if log and (folder / "layout.json").exists():
         before, after = Layout.load(folder).to_dict(), layout.to_dict()
         changed = {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
-        print(f"initialised from {source}" + (f"; layout changes: {changed}" if changed else ""), flush=True)
+        objective = "" if source_model.config.causal == model.config.causal else \
+            f"; attention {'causal' if model.config.causal else 'bidirectional'} now"
+        print(f"initialised from {source}" + (f"; layout changes: {changed}" if changed else "") + objective,
+              flush=True)
 
 
 def _load_tokens(stack, codec_dir, data_dirs, split, progress):

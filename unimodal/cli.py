@@ -103,7 +103,7 @@ def _cmd_codec_train(args) -> int:
 
         from training.codec_audio import DEFAULT_MODEL
 
-        model = dict(DEFAULT_MODEL)
+        model = {} if args.init_from else dict(DEFAULT_MODEL)  # an upgrade keeps the source's unless told
         if args.num_down is not None:
             model["num_down"] = args.num_down
         if args.decoder_channels is not None:
@@ -151,7 +151,7 @@ def _cmd_codec_export(args) -> int:
 def add_codec_commands(sub) -> None:
     codec = sub.add_parser("codec", help="train and evaluate the modality codecs").add_subparsers(
         dest="codec_cmd", required=True)
-    train = codec.add_parser("train", help="train a codec from scratch (resumable)")
+    train = codec.add_parser("train", help="train a codec (resumable); from scratch unless --init-from")
     train.add_argument("modality", choices=["text", "image", "audio", "vocoder"],
                        help="vocoder: the audio codec's trained mel -> waveform model (replaces Griffin-Lim)")
     train.add_argument("--codec", default=None, help="vocoder only: the audio codec folder it serves (default: "
