@@ -181,6 +181,17 @@ def score_direction(direction: str, cases: Sequence[EvalCase], results: Sequence
     return scores
 
 
+SAMPLER_FIELDS = ("mode", "schedule", "steps", "tau", "temperature", "top_k", "top_p", "cfg", "choice_temperature",
+                  "block_length", "block_mode")
+
+
+def effective_settings(results: Sequence) -> dict:
+    """The sampler settings the outputs were generated with (the caller's, over the model's per-target
+    defaults), as the results report them; the same for every result of a direction."""
+    settings = (getattr(results[0], "settings", None) or {}) if results else {}
+    return {k: settings[k] for k in SAMPLER_FIELDS if k in settings}
+
+
 def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scores: Sequence[dict],
               wall: float) -> dict:
     """Figures of one direction, overall and per kind of case: rates, WER, forward passes, seconds per sample."""
@@ -188,7 +199,7 @@ def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scor
 
     _, targets = parse_direction(direction)
     summary = {"n": len(scores), "forward_passes": float(np.mean([r.forward_passes for r in results])),
-               "wall_s_per_sample": wall}
+               "wall_s_per_sample": wall, "sampler": effective_settings(results)}
     kinds = sorted({c.kind for c in cases}) if direction != "joint" else []
     for kind in [None, *kinds]:
         chosen = [i for i, c in enumerate(cases) if kind is None or c.kind == kind]
@@ -289,7 +300,10 @@ def format_table(report: dict) -> str:
     ref = report.get("reference", {})
     lines.append("reference (judges on the real data): " + ", ".join(f"{k}={_fmt(v)}" for k, v in ref.items()))
     lines.append(f"accuracy: judged correct (joint: image, caption and speech agree); seed {report['seed']}; "
-                 f"settings {json.dumps(report['settings'])}")
+                 f"settings given {json.dumps(report['settings'])}")
+    for direction, fig in report["figures"].items():
+        if fig.get("sampler"):
+            lines.append(f"  {direction} sampled with {json.dumps(fig['sampler'])}")
     return "\n".join(lines)
 
 

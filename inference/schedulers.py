@@ -57,6 +57,17 @@ from unimodal.errors import InputError
 # Settings stored in scheduler_config.json, by SamplerConfig field name (num_inference_steps is "steps").
 _STORED = ("mode", "schedule", "tau", "temperature", "top_k", "top_p", "block_length", "block_mode",
            "choice_temperature")
+# Defaults per generated modality, beneath the caller's own settings (docs/results.md has the measurements):
+# images and speech need guidance and MaskGIT's randomised commit order (a greedy order fills a picture with
+# background first); captions are most accurate decoded greedily.
+DEFAULT_TARGET_SETTINGS = {
+    "image": {"temperature": 1.0, "choice_temperature": 4.5, "cfg": 3.0},
+    "audio": {"temperature": 1.0, "choice_temperature": 4.5, "cfg": 3.0},
+    "text": {"temperature": 0.0},
+}
+TARGET_PRIORITY = ("image", "audio", "text")  # a joint request takes the defaults of its first target here
+_TARGET_KEYS = ("steps", "mode", "schedule", "tau", "temperature", "top_k", "top_p", "cfg", "block_length",
+                "block_mode", "choice_temperature")
 _BEGIN_TO_END = {BOT: EOT, BOA: EOA}  # sequence segments (text, audio): begin marker -> END marker
 _BEGINS = (BOT, BOI, BOA)
 
@@ -78,7 +89,10 @@ class MaskedDiffusionScheduler(SchedulerMixin, ConfigMixin):
     ``mode``: ``confidence`` / ``threshold`` / ``semi_ar``; ``schedule``: ``cosine`` / ``linear`` (masked
     fraction after each step); ``num_inference_steps``: default step count (per block in ``semi_ar``);
     ``tau``: threshold-mode confidence; ``temperature`` (0: argmax), ``top_k`` (0: off), ``top_p`` (1: off);
-    ``block_length`` / ``block_mode``: ``semi_ar`` blocks and the rule inside them.
+    ``block_length`` / ``block_mode``: ``semi_ar`` blocks and the rule inside them; ``choice_temperature``:
+    MaskGIT's randomised commit order. ``target_settings``: defaults per generated modality
+    (``{"image": {"cfg": 3.0, ...}, "text": {...}}``, any of ``_TARGET_KEYS``), applied over the settings above
+    and under a caller's own; None stores :data:`DEFAULT_TARGET_SETTINGS`, ``{}`` turns them off.
     """
 
     config_name = "scheduler_config.json"
@@ -87,7 +101,11 @@ class MaskedDiffusionScheduler(SchedulerMixin, ConfigMixin):
     @register_to_config
     def __init__(self, mode: str = "confidence", schedule: str = "cosine", num_inference_steps: int = 16,
                  tau: float = 0.9, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                 block_length: int = 16, block_mode: str = "confidence", choice_temperature: float = 0.0):
+                 block_length: int = 16, block_mode: str = "confidence", choice_temperature: float = 0.0,
+                 target_settings: dict | None = None):
+        if target_settings is None:
+            self.register_to_config(target_settings={m: dict(v) for m, v in DEFAULT_TARGET_SETTINGS.items()})
+        self._check_target_settings()
         self.sampler_config()  # validates every setting now (InputError names the bad one)
         self.num_inference_steps = num_inference_steps
         self.timesteps = self._mask_ratios(num_inference_steps)
@@ -95,15 +113,43 @@ class MaskedDiffusionScheduler(SchedulerMixin, ConfigMixin):
 
     # ---- settings ------------------------------------------------------------------------------------------
 
-    def sampler_config(self, **overrides) -> SamplerConfig:
-        """The stored settings as a :class:`SamplerConfig`, with ``overrides`` (any SamplerConfig field, e.g.
-        ``steps``, ``cfg``, ``seed``; None values are ignored) applied on top."""
+    def _check_target_settings(self) -> None:
+        table = self.config.target_settings
+        if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+            raise InputError(f"target_settings must map a modality to a dict of settings, got {table!r}")
+        unknown = sorted(set(table) - set(TARGET_PRIORITY))
+        if unknown:
+            raise InputError(f"target_settings: unknown modalities {unknown}; accepted: {list(TARGET_PRIORITY)}")
+        for modality, values in table.items():
+            wrong = sorted(set(values) - set(_TARGET_KEYS))
+            if wrong:
+                raise InputError(f"target_settings[{modality!r}]: unknown settings {wrong}; accepted: "
+                                 f"{list(_TARGET_KEYS)}")
+            self.sampler_config(targets=[modality])  # validates the values
+
+    @staticmethod
+    def target_kind(targets) -> str | None:
+        """The modality whose defaults a request generating ``targets`` takes (see ``TARGET_PRIORITY``)."""
+        return next((m for m in TARGET_PRIORITY if m in targets), None)
+
+    def target_defaults(self, targets) -> dict:
+        """The stored defaults for a request generating ``targets`` (a modality or a list; None: none)."""
+        if targets is None:
+            return {}
+        kind = self.target_kind([targets] if isinstance(targets, str) else list(targets))
+        return dict((self.config.target_settings or {}).get(kind, {}))
+
+    def sampler_config(self, targets=None, **overrides) -> SamplerConfig:
+        """The stored settings as a :class:`SamplerConfig`: the scheduler's settings, then the defaults of the
+        generated modality (``targets``: a modality or list of them; None: none), then ``overrides`` (any
+        SamplerConfig field, e.g. ``steps``, ``cfg``, ``seed``; None values are ignored)."""
         known = {f.name for f in fields(SamplerConfig)}
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise InputError(f"unknown sampler settings {unknown}; accepted: {sorted(known)}")
         stored = {name: self.config[name] for name in _STORED}
         stored["steps"] = self.config.num_inference_steps
+        stored.update(self.target_defaults(targets))
         stored.update({name: value for name, value in overrides.items() if value is not None})
         return SamplerConfig(**stored)
 

@@ -71,6 +71,27 @@ def test_scheduler_config_round_trip_and_checks(tmp_path):
         scheduler.sampler_config(stepz=3)
 
 
+def test_scheduler_defaults_per_generated_modality(tmp_path):
+    from inference.schedulers import DEFAULT_TARGET_SETTINGS
+
+    scheduler = MaskedDiffusionScheduler()
+    image, text = scheduler.sampler_config("image"), scheduler.sampler_config("text")
+    assert (image.cfg, image.choice_temperature, image.temperature) == (3.0, 4.5, 1.0)
+    assert (text.cfg, text.choice_temperature, text.temperature) == (None, 0.0, 0.0)
+    assert scheduler.sampler_config(["text", "image"]).cfg == 3.0  # a joint request: the image's defaults
+    assert scheduler.sampler_config("image", cfg=1.5, temperature=0.0).cfg == 1.5  # the caller's settings win
+    assert scheduler.sampler_config().cfg is None  # no target: the scheduler's own settings
+    scheduler.save_pretrained(tmp_path)
+    assert MaskedDiffusionScheduler.from_pretrained(tmp_path).config.target_settings == DEFAULT_TARGET_SETTINGS
+    assert MaskedDiffusionScheduler(target_settings={}).sampler_config("image").cfg is None
+    custom = MaskedDiffusionScheduler(target_settings={"text": {"mode": "threshold", "tau": 0.8}})
+    assert (custom.sampler_config("text").mode, custom.sampler_config("image").mode) == ("threshold", "confidence")
+    for bad, message in (({"video": {}}, "unknown modalities"), ({"text": {"seed": 1}}, "unknown settings"),
+                         ({"text": {"tau": 2.0}}, "tau"), ({"text": 3}, "map a modality")):
+        with pytest.raises(InputError, match=message):
+            MaskedDiffusionScheduler(target_settings=bad)
+
+
 def _manual_loop(dit, scheduler, condition, target, steps, seed):
     """A user's loop: model.forward on [condition; target], scheduler.step on the target part."""
     packed = LAYOUT.pack([condition, target])
@@ -228,7 +249,7 @@ def test_same_seed_same_output_and_batch_equals_one_by_one(pipe):
     batch = pipe.generate_batch(requests, seed=7, temperature=1.0, **FAST)
     for index, (request, result) in enumerate(zip(requests, batch)):
         seed = request.pop("seed", 7 + index)
-        alone = pipe.generate(**request, seed=seed, **FAST)
+        alone = pipe.generate(**request, seed=seed, temperature=1.0, **FAST)
         assert alone.token_ids == result.token_ids and result.settings["seed"] == seed
     again = pipe.generate(text="a red circle", to="image", seed=7, **FAST)
     assert again.token_ids == batch[0].token_ids
@@ -236,6 +257,15 @@ def test_same_seed_same_output_and_batch_equals_one_by_one(pipe):
     assert other.token_ids != batch[0].token_ids
     fresh = pipe.generate(text="a red circle", to="image", seed=None, **FAST)
     assert isinstance(fresh.settings["seed"], int)
+
+
+def test_each_output_gets_its_modalitys_defaults_under_the_callers_settings(pipe):
+    image = pipe.generate(text="a red circle", to="image", **FAST)
+    caption = pipe.generate(image=picture(), to="text", **FAST)
+    assert (image.settings["cfg"], image.settings["choice_temperature"], image.settings["temperature"]) == (3.0, 4.5, 1.0)
+    assert (caption.settings["cfg"], caption.settings["temperature"]) == (None, 0.0)
+    mine = pipe.generate(text="a red circle", to="image", cfg=1.0, choice_temperature=0.0, **FAST)
+    assert (mine.settings["cfg"], mine.settings["choice_temperature"]) == (1.0, 0.0)
 
 
 def test_calls_from_several_threads_are_serialised(pipe):

@@ -205,22 +205,36 @@ class UniModal(DiffusionPipeline):
         if isinstance(requests, Mapping) or not isinstance(requests, Sequence) or not requests:
             raise InputError("generate_batch takes a non-empty list of request dicts, e.g. "
                              "[{'text': 'a red circle', 'to': 'image'}]")
-        config = self._sampler_config(settings)
+        config = self._sampler_config(settings)  # validates the settings before any input is read
         with self._lock:
             prepared = [self._prepare(spec, index, len(requests) > 1) for index, spec in enumerate(requests)]
             self._encode_inputs(prepared)
-            decode = generate_autoregressive if self.autoregressive else sample
-            model = _Stepping(self.backbone, progress, None if len(prepared) > 1 or config.mode == "semi_ar"
-                              or self.autoregressive else config.steps)
-            try:
-                samples = decode(model, self.layout, [item.request() for item in prepared], config)
-            finally:
-                model.close()
-            return self._results(prepared, samples, config)
+            kinds: dict[str | None, list[int]] = {}  # requests that take the same per-target defaults
+            for index, item in enumerate(prepared):
+                if item.seed is None and config.seed is not None:
+                    item.seed = config.seed + index  # as one call would give it, whatever the grouping
+                kinds.setdefault(self.scheduler.target_kind(item.targets), []).append(index)
+            results: list[GenerationResult | None] = [None] * len(prepared)
+            for kind, indices in kinds.items():
+                group = [prepared[i] for i in indices]
+                group_config = self._sampler_config(settings, kind)
+                for index, result in zip(indices, self._decode(group, group_config, progress)):
+                    results[index] = result
+            return results
+
+    def _decode(self, prepared: list["_Prepared"], config: SamplerConfig, progress: bool) -> list[GenerationResult]:
+        decode = generate_autoregressive if self.autoregressive else sample
+        model = _Stepping(self.backbone, progress, None if len(prepared) > 1 or config.mode == "semi_ar"
+                          or self.autoregressive else config.steps)
+        try:
+            samples = decode(model, self.layout, [item.request() for item in prepared], config)
+        finally:
+            model.close()
+        return self._results(prepared, samples, config)
 
     # ---- settings and requests ------------------------------------------------------------------------------
 
-    def _sampler_config(self, settings: Mapping) -> SamplerConfig:
+    def _sampler_config(self, settings: Mapping, targets: str | None = None) -> SamplerConfig:
         unknown = sorted(set(settings) - set(SETTING_KEYS))
         if unknown:
             raise InputError(f"unknown setting(s) {unknown}; accepted: {', '.join(SETTING_KEYS)}")
@@ -229,7 +243,10 @@ class UniModal(DiffusionPipeline):
             raise InputError(f"seed must be a non-negative int (or None for a fresh one), got {seed!r}")
         values = {k: v for k, v in settings.items() if k != "seed" and v is not None}
         try:
-            config = self.scheduler.sampler_config(**values)
+            defaults = self.scheduler.target_defaults(targets)
+            if self.autoregressive:  # the twin decodes one token per step, unguided: only these apply
+                defaults = {k: v for k, v in defaults.items() if k in ("temperature", "top_k", "top_p")}
+            config = self.scheduler.sampler_config(**{**defaults, **values})
         except InputError as error:  # name the argument as the caller wrote it
             raise InputError(str(error).replace("SamplerConfig.", "")) from None
         return SamplerConfig(**{**config.__dict__, "seed": seed})
@@ -447,7 +464,8 @@ def _checked_number(name: str, value, where: str, integer: bool = False):
 
 def _settings(config: SamplerConfig, item: _Prepared, result: SampleResult) -> dict:
     settings = {name: getattr(config, name) for name in ("mode", "schedule", "steps", "tau", "temperature",
-                                                         "top_k", "top_p", "cfg", "block_length", "block_mode")}
+                                                         "top_k", "top_p", "cfg", "choice_temperature",
+                                                         "block_length", "block_mode")}
     settings.update(seed=result.seed, guidance_passes=result.guidance_passes, to=list(item.targets),
                     inputs=[m for m in MODALITIES if m in item.conditions],
                     commits_per_step=list(result.commits_per_step))
