@@ -20,8 +20,10 @@
   positions masked at the start stay masked; the last step commits all); ``threshold``: every position with
   confidence >= ``tau`` (at least one; the last step commits all); ``semi_ar``: left-to-right blocks of
   ``block_length`` positions of each segment, ``num_inference_steps`` steps each, with ``block_mode`` inside
-  a block (loop ``while (ids == MASK).any()``). Text and audio stay well formed: after a segment's first END
-  (or PAD) every later position becomes PAD, as in the sampler.
+  a block (loop ``while (ids == MASK).any()``). "Most confident" is the probability, or with
+  ``choice_temperature`` MaskGIT's order (log-probability plus annealed Gumbel noise from the same
+  generators), as in the sampler. Text and audio stay well formed: after a segment's first END (or PAD)
+  every later position becomes PAD, as in the sampler.
 
 Unlike :func:`inference.sampler.generate`, a hand-written loop never skips a step: a step whose schedule count
 is zero commits nothing. ``step`` keeps a little state between calls: the number of masked positions when
@@ -45,6 +47,7 @@ from inference.sampler import (
     KEPT_FRACTION,
     SamplerConfig,
     _draw,
+    _gumbel,
     _most_confident,
     _pad_after_end,
     _Progress,
@@ -198,7 +201,12 @@ class MaskedDiffusionScheduler(SchedulerMixin, ConfigMixin):
         available = window.sum(1).tolist()
         confident = (window & (prob >= config.tau)).sum(1).tolist()
         counts = [self._commit_count(n, c, state, index, config) for n, c, state in zip(available, confident, progress)]
-        committed = _most_confident(window, prob, torch.tensor(counts, device=sample.device))  # (B, L)
+        order = prob  # commit the most confident first; with choice_temperature, MaskGIT's noisy order:
+        if config.choice_temperature > 0:
+            anneal = max(0.0, 1.0 - index / config.steps)  # as the sampler's (steps so far / steps)
+            noise = torch.stack([_gumbel(prob.shape[1:], g, prob.device) for g in generators]).to(prob.dtype)
+            order = prob.clamp_min(1e-30).log() + config.choice_temperature * anneal * noise
+        committed = _most_confident(window, order, torch.tensor(counts, device=sample.device))  # (B, L)
         prev_sample = torch.where(committed, chosen, sample)
         for row, sequences in enumerate(_sequences(prev_sample)):
             _pad_after_end(SimpleNamespace(sequences=sequences), prev_sample[row:row + 1])  # in place

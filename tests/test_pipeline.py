@@ -127,6 +127,12 @@ def test_manual_scheduler_loop_commits_the_schedule_and_matches_the_sampler(dit)
     [sampled] = generate(dit, LAYOUT, [Request([condition], ["image"])], SamplerConfig(steps=6, seed=11,
                                                                                       use_cache=False))
     assert torch.equal(sampled.target.ids, ids)
+    # and with MaskGIT's randomised commit order
+    noisy = MaskedDiffusionScheduler(num_inference_steps=6, choice_temperature=4.5)
+    ids, _ = _manual_loop(dit, noisy, condition, LAYOUT.target_segment("image"), 6, seed=11)
+    [sampled] = generate(dit, LAYOUT, [Request([condition], ["image"])],
+                         SamplerConfig(steps=6, seed=11, use_cache=False, choice_temperature=4.5))
+    assert torch.equal(sampled.target.ids, ids)
 
 
 def test_manual_loop_on_text_fills_every_mask_and_pads_after_end(dit):
