@@ -23,3 +23,18 @@ def test_shipped_codecs_load_and_round_trip():
     seconds = len(sample.audio) / 16_000
     assert abs(len(audio_ids) - seconds * layout.audio_frame_rate) <= 0.5 * layout.audio_frame_rate
     assert next(stack.image.model.parameters()).dtype == torch.float32  # stored float16, loaded float32
+
+
+def test_packaged_default_model_loads_offline_and_generates(monkeypatch):
+    from unimodal.pipeline import UniModal
+    from unimodal.serve import default_model_dir, resolve_model_dir
+
+    monkeypatch.delenv("UNIMODAL_MODEL", raising=False)
+    assert resolve_model_dir(None) == default_model_dir()  # generate/serve/eval work without --model
+    pipe = UniModal.from_pretrained(default_model_dir())
+    sample = make_sample(0, 2, 0, heldout=False, speech=False)
+    caption = pipe.generate(image=sample.image, to="text", steps=8, seed=0)
+    assert isinstance(caption.text, str) and caption.text.strip() and caption.forward_passes <= 8
+    assert caption.settings["temperature"] == 0.0  # captions decode greedily by default
+    picture = pipe.generate(text=sample.text, to="image", steps=4, seed=0)
+    assert picture.image.size == (64, 64) and picture.settings["cfg"] == 3.0
