@@ -62,11 +62,12 @@ _STORED = ("mode", "schedule", "tau", "temperature", "top_k", "top_p", "block_le
            "choice_temperature")
 # Defaults per generated modality, beneath the caller's own settings (docs/results.md has the measurements):
 # images and speech need guidance and MaskGIT's randomised commit order (a greedy order fills a picture with
-# background first); captions are most accurate decoded greedily.
+# background first); captions decode greedily with threshold 0.95, which gave the same tokens as one token per
+# pass (100 captions, agreement 1.000) in 4-6x fewer passes, where 16 cosine steps lost 5 points.
 DEFAULT_TARGET_SETTINGS = {
     "image": {"temperature": 1.0, "choice_temperature": 4.5, "cfg": 3.0},
     "audio": {"temperature": 1.0, "choice_temperature": 4.5, "cfg": 3.0},
-    "text": {"temperature": 0.0},
+    "text": {"temperature": 0.0, "mode": "threshold", "tau": 0.95, "steps": 32},
 }
 TARGET_PRIORITY = ("image", "audio", "text")  # a joint request takes the defaults of its first target here
 _TARGET_KEYS = ("steps", "mode", "schedule", "tau", "temperature", "top_k", "top_p", "cfg", "block_length",
