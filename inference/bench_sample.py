@@ -51,6 +51,11 @@ REFERENCE = "all-steps"
 SWEPT_FIELDS = ("steps", "mode", "schedule", "tau", "seed", "use_cache")  # what each Setting decides itself
 
 
+def shared_settings(sampling: dict | None) -> dict:
+    """The settings every row shares: greedy unless ``sampling`` says otherwise, plus ``sampling``."""
+    return {"temperature": 0.0, **(sampling or {})}
+
+
 @dataclass(frozen=True)
 class Setting:
     """One sampler setting of the sweep; ``steps`` None means "as many as target slots"."""
@@ -65,7 +70,7 @@ class Setting:
         """``sampling``: the settings shared by the whole sweep (temperature, cfg, choice_temperature, ...)."""
         return SamplerConfig(mode=self.mode, schedule=self.schedule, steps=self.steps or n_slots,
                              tau=self.tau if self.tau is not None else 0.9, use_cache=use_cache, seed=seed,
-                             **{"temperature": 0.0, **(sampling or {})})
+                             **shared_settings(sampling))
 
 
 def sweep(taus, steps) -> list[Setting]:
@@ -185,7 +190,7 @@ def bench_direction(pipe, direction: str, values: list, settings: list[Setting],
     n_slots = target_slots(layout, target)
     for use_cache in (True, False):  # warm-up of both paths (guided rows too), untimed
         generate(model, layout, requests[:1],
-                 SamplerConfig(steps=1, seed=seed, use_cache=use_cache, **{"temperature": 0.0, **(sampling or {})}))
+                 SamplerConfig(steps=1, seed=seed, use_cache=use_cache, **shared_settings(sampling)))
     rows, reference, tokens, outputs = [], None, {}, {}
     for setting in settings:
         for use_cache in (True, False):
@@ -231,7 +236,7 @@ def bench_sample(pipe, conditions: dict[str, list], directions=DEFAULT_DIRECTION
         if progress is not None:
             progress(direction)
     device = pipe.backbone.device
-    sampling = {"temperature": 0.0, **(sampling or {})}
+    sampling = shared_settings(sampling)
     return {"model": None if model_path is None else str(model_path), "seed": seed,
             "temperature": sampling["temperature"], "sampling": sampling,
             "device": str(device), "torch_threads": torch.get_num_threads(),
@@ -276,7 +281,7 @@ def compile_speedup(pipe, direction: str, values: list, seed: int = 0, steps: in
     condition, target = parse_direction(direction)
     model, layout = pipe.backbone, pipe.layout
     requests = [Request([(condition, ids)], [target]) for ids in encode_conditions(pipe, condition, values)]
-    config = SamplerConfig(steps=steps, seed=seed, **{"temperature": 0.0, **(sampling or {})})
+    config = SamplerConfig(steps=steps, seed=seed, **shared_settings(sampling))
     compiled = _CompiledStep(model)
     start = time.perf_counter()
     generate(compiled, layout, requests, config)  # first call compiles

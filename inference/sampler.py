@@ -531,8 +531,14 @@ def _commit_order(prob: torch.Tensor, progress: list[_Progress], generators: lis
         return prob
     anneal = torch.tensor([max(0.0, 1.0 - len(state.commits) / config.steps) for state in progress],
                           device=prob.device)  # (b,)
+    return perturbed_order(prob, anneal, generators, config.choice_temperature)
+
+
+def perturbed_order(prob: torch.Tensor, anneal: torch.Tensor, generators: list, choice_temperature: float):
+    """(b, L) MaskGIT commit score: log-probability + ``choice_temperature * anneal`` (b,) times Gumbel noise
+    drawn from each row's generator."""
     noise = torch.stack([_gumbel(prob.shape[1:], g, prob.device) for g in generators]).to(prob.dtype)  # (b, L)
-    return prob.clamp_min(1e-30).log() + config.choice_temperature * anneal[:, None] * noise
+    return prob.clamp_min(1e-30).log() + choice_temperature * anneal.to(prob.dtype)[:, None] * noise
 
 
 def _most_confident(window: torch.Tensor, confidence: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -47,12 +47,12 @@ from inference.sampler import (
     KEPT_FRACTION,
     SamplerConfig,
     _draw,
-    _gumbel,
     _most_confident,
     _pad_after_end,
     _Progress,
     _windows,
     masked_after_step,
+    perturbed_order,
 )
 from tokenizers_mm.layout import BOA, BOI, BOT, EOA, EOT, MASK, Layout, Packed
 from unimodal.errors import InputError
@@ -204,9 +204,8 @@ class MaskedDiffusionScheduler(SchedulerMixin, ConfigMixin):
         counts = [self._commit_count(n, c, state, index, config) for n, c, state in zip(available, confident, progress)]
         order = prob  # commit the most confident first; with choice_temperature, MaskGIT's noisy order:
         if config.choice_temperature > 0:
-            anneal = max(0.0, 1.0 - index / config.steps)  # as the sampler's (steps so far / steps)
-            noise = torch.stack([_gumbel(prob.shape[1:], g, prob.device) for g in generators]).to(prob.dtype)
-            order = prob.clamp_min(1e-30).log() + config.choice_temperature * anneal * noise
+            anneal = torch.full((prob.shape[0],), max(0.0, 1.0 - index / config.steps), device=prob.device)
+            order = perturbed_order(prob, anneal, list(generators), config.choice_temperature)  # as the sampler
         committed = _most_confident(window, order, torch.tensor(counts, device=sample.device))  # (B, L)
         prev_sample = torch.where(committed, chosen, sample)
         for row, sequences in enumerate(_sequences(prev_sample)):

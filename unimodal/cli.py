@@ -75,6 +75,7 @@ def _cmd_codec_train(args) -> int:
         raise InputError("--num-down changes the codes; --init-from keeps them (it only trains a new decoder)")
     if args.modality in ("text", "image") and args.init_from:
         raise InputError(f"--init-from works for the audio codec and the vocoder, not the {args.modality} codec")
+    extra = {"init_from": args.init_from} if args.init_from else {}
     if args.modality == "vocoder":
         from training.checkpoint import cli_config
         from training.tokens import codec_folder
@@ -82,7 +83,6 @@ def _cmd_codec_train(args) -> int:
         from unimodal.paths import default_codecs_dir
 
         codec = args.codec or str(codec_folder(default_codecs_dir(), "audio"))
-        extra = {"init_from": args.init_from} if args.init_from else {}
         cfg = cli_config(VocoderTrainConfig, out, args.resume, args.steps, seed=args.seed, **_batch(args), **extra)
         train_vocoder(codec, out, cfg, resume=args.resume)
         print(f"{out}/vocoder  (attach it: unimodal codec attach-vocoder --codec {codec} --vocoder {out}/vocoder)")
@@ -110,7 +110,6 @@ def _cmd_codec_train(args) -> int:
             model["decoder_channels"] = args.decoder_channels
         if args.decoder_dilations is not None:
             model["decoder_dilations"] = tuple(args.decoder_dilations)
-        extra = {"init_from": args.init_from} if args.init_from else {}
         cfg = cli_config(AudioCodecTrainConfig, out, args.resume, args.steps, seed=args.seed, model=model,
                          **_batch(args), **extra)
         train_audio_codec(out, cfg, resume=args.resume)
