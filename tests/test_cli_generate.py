@@ -132,8 +132,28 @@ def test_every_direction_demo_writes_its_files(tiny_model_dir, tmp_path):
 def test_codec_train_refuses_options_of_another_codec(tmp_path, capsys):
     cases = [(["image", "--decoder-channels", "64"], "audio codec options, not image"),
              (["text", "--init-from", tmp_path], "not the text codec"),
-             (["vocoder", "--decoder-dilations", "1,3"], "audio codec options, not vocoder")]
+             (["vocoder", "--decoder-dilations", "1,3"], "audio codec options, not vocoder"),
+             (["image", "--codec-mel-fraction", "0.5"], "vocoder option, not image"),
+             (["text", "--lr", "1e-3"], "does not apply to the text codec"),
+             (["vocoder", "--codec-mel-fraction", "1.5"], "must be in [0, 1]"),
+             (["audio", "--lr", "0"], "--lr must be > 0")]
     for args, message in cases:
         code, _, err = run(capsys, "codec", "train", *args, "--out", tmp_path / "run")
         assert code == 2 and message in err and "Traceback" not in err, (args, err)
     assert not (tmp_path / "run").exists()
+
+
+def test_vocoder_fine_tuning_gets_its_own_defaults_and_flags_win(tmp_path, capsys, monkeypatch):
+    import training.vocoder
+
+    seen = []
+    monkeypatch.setattr(training.vocoder, "train_vocoder", lambda codec, out, cfg, resume: seen.append(cfg))
+    run(capsys, "codec", "train", "vocoder", "--codec", tmp_path, "--out", tmp_path / "a")
+    run(capsys, "codec", "train", "vocoder", "--codec", tmp_path, "--out", tmp_path / "b", "--init-from", tmp_path)
+    run(capsys, "codec", "train", "vocoder", "--codec", tmp_path, "--out", tmp_path / "c", "--init-from", tmp_path,
+        "--lr", "2e-4", "--codec-mel-fraction", "0.7")
+    scratch, fine_tune, flagged = seen
+    assert (scratch.lr, scratch.warmup, scratch.codec_mel_fraction, scratch.init_from) == (1e-3, 100, 0.5, None)
+    assert (fine_tune.lr, fine_tune.warmup, fine_tune.codec_mel_fraction) == (5e-4, 50, 0.9)
+    assert fine_tune.init_from == str(tmp_path)
+    assert (flagged.lr, flagged.warmup, flagged.codec_mel_fraction) == (2e-4, 50, 0.7)

@@ -48,6 +48,11 @@ class VocoderTrainConfig:
     init_from: str | None = None  # a trained vocoder folder to start from (fine-tuning), instead of random weights
 
 
+# Fine-tuning a trained vocoder onto a (new) codec's mels: a gentler rate, a short warm-up and mostly codec mels,
+# since the vocoder already knows true mels. These were the settings of the shipped vocoder's fine-tuning run.
+FINETUNE_DEFAULTS = {"lr": 5e-4, "warmup": 50, "codec_mel_fraction": 0.9}
+
+
 @dataclass
 class _Clip:
     wave: torch.Tensor  # (samples,) float16, length (T - 1) * hop

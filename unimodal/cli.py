@@ -75,14 +75,28 @@ def _cmd_codec_train(args) -> int:
         raise InputError("--num-down changes the codes; --init-from keeps them (it only trains a new decoder)")
     if args.modality in ("text", "image") and args.init_from:
         raise InputError(f"--init-from works for the audio codec and the vocoder, not the {args.modality} codec")
+    if args.modality != "vocoder" and args.codec_mel_fraction is not None:
+        raise InputError(f"--codec-mel-fraction is a vocoder option, not {args.modality}")
+    if args.modality == "text" and args.lr is not None:
+        raise InputError("--lr does not apply to the text codec (a BPE is counted, not trained by gradient)")
+    if args.codec_mel_fraction is not None and not 0.0 <= args.codec_mel_fraction <= 1.0:
+        raise InputError(f"--codec-mel-fraction must be in [0, 1], got {args.codec_mel_fraction}")
+    if args.lr is not None and not args.lr > 0:
+        raise InputError(f"--lr must be > 0, got {args.lr}")
     extra = {"init_from": args.init_from} if args.init_from else {}
+    if args.lr is not None:
+        extra["lr"] = args.lr
     if args.modality == "vocoder":
         from training.checkpoint import cli_config
         from training.tokens import codec_folder
-        from training.vocoder import VocoderTrainConfig, train_vocoder
+        from training.vocoder import FINETUNE_DEFAULTS, VocoderTrainConfig, train_vocoder
         from unimodal.paths import default_codecs_dir
 
         codec = args.codec or str(codec_folder(default_codecs_dir(), "audio"))
+        if args.init_from:
+            extra = {**FINETUNE_DEFAULTS, **extra}
+        if args.codec_mel_fraction is not None:
+            extra["codec_mel_fraction"] = args.codec_mel_fraction
         cfg = cli_config(VocoderTrainConfig, out, args.resume, args.steps, seed=args.seed, **_batch(args), **extra)
         train_vocoder(codec, out, cfg, resume=args.resume)
         print(f"{out}/vocoder  (attach it: unimodal codec attach-vocoder --codec {codec} --vocoder {out}/vocoder)")
@@ -95,7 +109,7 @@ def _cmd_codec_train(args) -> int:
         from training.checkpoint import cli_config
         from training.codec_image import ImageCodecTrainConfig, train_image_codec
 
-        cfg = cli_config(ImageCodecTrainConfig, out, args.resume, args.steps, seed=args.seed, **_batch(args))
+        cfg = cli_config(ImageCodecTrainConfig, out, args.resume, args.steps, seed=args.seed, **_batch(args), **extra)
         train_image_codec(out, cfg, resume=args.resume)
     else:
         from training.checkpoint import cli_config
@@ -169,6 +183,12 @@ def add_codec_commands(sub) -> None:
     train.add_argument("--steps", type=int, default=None,
                        help="total steps (default 2000; with --resume, the run's own total unless given)")
     train.add_argument("--batch-size", type=int, default=None, help="default: 32 (vocoder: 16)")
+    train.add_argument("--lr", type=float, default=None,
+                       help="peak learning rate (defaults: image 5e-4, audio 1e-3, vocoder 1e-3, vocoder "
+                            "fine-tuning with --init-from 5e-4)")
+    train.add_argument("--codec-mel-fraction", type=float, default=None,
+                       help="vocoder: share of training windows whose input is the codec's decoded mel rather "
+                            "than the true mel (default 0.5; 0.9 with --init-from)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (its config wins, "
                                                               "except --steps)")
