@@ -181,19 +181,22 @@ def judged_quality(pipe, target: str, results: list[SampleResult], cases, judges
 
 
 def bench_direction(pipe, direction: str, values: list, settings: list[Setting], seed: int = 0,
-                    sampling: dict | None = None, cases=None, judges=None) -> list[dict]:
+                    sampling: dict | None = None, cases=None, judges=None, cache_check: bool = True) -> list[dict]:
     """One row per (setting, cache on/off) for ``values`` (the raw conditions) in ``direction``; with ``cases``
-    (the truth behind each value) every row also gets its judged ``quality``."""
+    (the truth behind each value) every row also gets its judged ``quality``. ``cache_check=False`` runs each
+    setting with the cache only (half the time, for quality sweeps over many prompts); the cache figures of
+    those rows are then None."""
+    modes = (True, False) if cache_check else (True,)
     condition, target = parse_direction(direction)
     model, layout = pipe.backbone, pipe.layout
     requests = [Request([(condition, ids)], [target]) for ids in encode_conditions(pipe, condition, values)]
     n_slots = target_slots(layout, target)
-    for use_cache in (True, False):  # warm-up of both paths (guided rows too), untimed
+    for use_cache in modes:  # warm-up of the timed paths (guided rows too), untimed
         generate(model, layout, requests[:1],
                  SamplerConfig(steps=1, seed=seed, use_cache=use_cache, **shared_settings(sampling)))
     rows, reference, tokens, outputs = [], None, {}, {}
     for setting in settings:
-        for use_cache in (True, False):
+        for use_cache in modes:
             config = setting.config(n_slots, use_cache, seed, sampling)
             results, wall, *memory = timed_generate(model, layout, requests, config)
             reference = reference if reference is not None else results  # the first setting is the reference
@@ -202,6 +205,9 @@ def bench_direction(pipe, direction: str, values: list, settings: list[Setting],
             rows.append(_row(direction, setting, config, results, wall, memory)
                         | {"agreement": agreement(results, reference),
                            "quality": judged_quality(pipe, target, results, cases, judges) if use_cache else None})
+        if not cache_check:
+            rows[-1] |= {"cache_speedup": None, "cache_tokens_identical": None}
+            continue
         same = all(torch.equal(a, b) for a, b in zip(tokens[True], tokens[False]))
         cached, uncached = rows[-2], rows[-1]
         # identical tokens, identical verdicts; otherwise the uncached outputs are judged on their own
@@ -214,11 +220,12 @@ def bench_direction(pipe, direction: str, values: list, settings: list[Setting],
 
 def bench_sample(pipe, conditions: dict[str, list], directions=DEFAULT_DIRECTIONS, taus=DEFAULT_TAUS,
                  steps=DEFAULT_STEPS, seed: int = 0, sampling: dict | None = None, model_path: str | None = None,
-                 progress=None, cases=None, compile_direction: str | None = None) -> dict:
+                 progress=None, cases=None, compile_direction: str | None = None, cache_check: bool = True) -> dict:
     """The whole sweep. ``conditions``: raw condition values per modality (the same N for every direction that
     reads that modality); ``cases``: optionally the truth behind them (:class:`inference.evaluate.EvalCase`,
     in the same order), for judged quality. ``compile_direction``: also time that direction with the denoising
-    step under ``torch.compile``. Returns a JSON-ready report: settings, device, memory kind, one row per
+    step under ``torch.compile``; ``cache_check=False``: skip the uncached repeat of every setting (the cache
+    figure is then not measured). Returns a JSON-ready report: settings, device, memory kind, one row per
     measure and the issue's target checks."""
     from inference.evaluate import Judges
 
@@ -232,7 +239,8 @@ def bench_sample(pipe, conditions: dict[str, list], directions=DEFAULT_DIRECTION
         condition, _ = parse_direction(direction)
         if not conditions.get(condition):
             raise InputError(f"direction {direction} needs {condition} conditions; none were given")
-        rows += bench_direction(pipe, direction, conditions[condition], settings, seed, sampling, cases, judges)
+        rows += bench_direction(pipe, direction, conditions[condition], settings, seed, sampling, cases, judges,
+                                cache_check)
         if progress is not None:
             progress(direction)
     device = pipe.backbone.device
@@ -241,7 +249,7 @@ def bench_sample(pipe, conditions: dict[str, list], directions=DEFAULT_DIRECTION
             "temperature": sampling["temperature"], "sampling": sampling,
             "device": str(device), "torch_threads": torch.get_num_threads(),
             "samples": {m: len(v) for m, v in conditions.items()}, "directions": list(directions),
-            "taus": [float(t) for t in taus], "steps": [int(n) for n in steps],
+            "taus": [float(t) for t in taus], "steps": [int(n) for n in steps], "cache_check": cache_check,
             "settings": [asdict(s) for s in settings], "reference": REFERENCE,
             "memory_kind": _peak_memory(device)[1], "rows": rows, "targets": target_checks(rows),
             "compile": None if compile_direction is None else
@@ -268,9 +276,9 @@ def target_checks(rows: list[dict]) -> dict:
                                  "best_setting": best and best["setting"], "best": best and best[key],
                                  "best_passes": best and best["forward_passes"], "best_tpf": best and best["tpf"],
                                  "met": bool(best and best[key] >= reference[key] - margin)}
-        speedups = [r["cache_speedup"] for r in mine]
-        checks.setdefault(direction, {})["cache"] = {"median_speedup": float(np.median(speedups)),
-                                                     "identical": all(r["cache_tokens_identical"] for r in mine)}
+        speedups = [r["cache_speedup"] for r in mine if r["cache_speedup"] is not None]
+        checks.setdefault(direction, {})["cache"] = None if not speedups else {
+            "median_speedup": float(np.median(speedups)), "identical": all(r["cache_tokens_identical"] for r in mine)}
     return checks
 
 
@@ -330,8 +338,9 @@ def format_table(report: dict) -> str:
     lines = ["  ".join(h.ljust(w) for h, w in zip(_HEADERS, widths))]
     for row in report["rows"]:
         values = [row[key] / 2**20 if key == "peak_memory_bytes" else row[key] for key, _ in _COLUMNS]
-        values = ["-" if v is None else f"{v:.3f}" if k == "quality" else v for (k, _), v in zip(_COLUMNS, values)]
-        lines.append("  ".join(fmt.format(v) for (_, fmt), v in zip(_COLUMNS, values)))
+        values = [None if v is None else f"{v:.3f}" if k == "quality" else v for (k, _), v in zip(_COLUMNS, values)]
+        lines.append("  ".join("-".rjust(w) if v is None else fmt.format(v)
+                               for (_, fmt), v, w in zip(_COLUMNS, values, widths)))
     lines.append(f"shared sampler settings: {json.dumps(report.get('sampling', {}))}; seed {report['seed']}")
     lines.append(f"peak memory: {report['memory_kind']}; agreement: with {report['reference']} "
                  f"(confidence mode, one token per forward pass); quality: judged accuracy (images: every "
@@ -347,7 +356,8 @@ def format_table(report: dict) -> str:
 
 def _target_line(direction: str, check: dict) -> str:
     cache = check["cache"]
-    line = f"target {direction}: cache {cache['median_speedup']:.2f}x (identical: {cache['identical']})"
+    line = f"target {direction}: " + ("cache not measured (cache_check off)" if cache is None else
+                                      f"cache {cache['median_speedup']:.2f}x (identical: {cache['identical']})")
     if "rule" in check:
         best = "none" if check["best_setting"] is None else \
             f"{check['best_setting']} {check['measure']} {check['best']:.3f} at {check['best_passes']:.1f} passes, " \

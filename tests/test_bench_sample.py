@@ -123,3 +123,19 @@ def test_target_checks_read_the_issue_rules_off_the_rows():
     assert checks["text->image"]["met"] and checks["text->image"]["best_setting"] == "steps=4"
     assert not checks["image->text"]["met"] and checks["image->text"]["best_setting"] == "tau=0.5"
     assert checks["image->text"]["cache"] == {"median_speedup": 3.0, "identical": True}
+
+
+def test_cli_bench_sample_without_the_cache_check(tiny_model_dir, tmp_path, capsys):
+    from unimodal.cli import main
+
+    out = tmp_path / "bench"
+    assert main(["bench", "sample", "--model", str(tiny_model_dir), "--device", "cpu", "--n", "2",
+                 "--directions", "text->image", "--taus", "", "--steps", "2", "--no-cache-check",
+                 "--out", str(out)]) == 0
+    saved = json.loads((out / "bench_sample.json").read_text())
+    assert saved["cache_check"] is False and saved["taus"] == []
+    assert [(row["setting"], row["use_cache"]) for row in saved["rows"]] == [(REFERENCE, True), ("steps=2", True)]
+    assert all(row["cache_speedup"] is None and row["cache_tokens_identical"] is None for row in saved["rows"])
+    assert saved["targets"]["text->image"]["cache"] is None
+    printed = capsys.readouterr().out
+    assert "cache not measured" in printed and "passes <= 8" in printed
