@@ -1,18 +1,25 @@
 """The codecs shipped inside the package load offline and fit the default layout."""
 
 import numpy as np
+import pytest
 import torch
 
 from training.data.scenes import make_sample
 from training.tokens import CodecStack
-from unimodal.paths import default_codecs_dir
+from unimodal.paths import PACKAGE_DIR, default_codecs_dir
 
 
-def test_shipped_codecs_load_and_round_trip():
-    stack = CodecStack.load(default_codecs_dir())
+def test_new_models_train_with_the_packaged_codec_set():
+    assert default_codecs_dir() == PACKAGE_DIR / "default_codecs"
+
+
+@pytest.mark.parametrize("folder, frame_rate", [("default_codecs", 31.25), ("default_model", 15.625)])
+def test_shipped_codecs_load_and_round_trip(folder, frame_rate):
+    stack = CodecStack.load(PACKAGE_DIR / folder)
     layout = stack.layout
     assert (layout.text_vocab_size, layout.image_codebook_size, layout.audio_codebook_size) == (4096, 512, 512)
-    assert layout.audio_frame_rate == 15.625 and layout.image_grid == (8, 8)
+    assert layout.audio_frame_rate == frame_rate and layout.image_grid == (8, 8)
+    assert stack.audio.vocoder is not None  # the trained vocoder ships with each audio codec
     sample = make_sample(0, 2, 0, heldout=False, speech=True)
     assert stack.text.decode(stack.text.encode([sample.text]))[0] == sample.text
     codes = stack.image.encode(sample.image[None])

@@ -1,13 +1,14 @@
-"""Audio codec: 16 kHz speech <-> about 15.6 codes per second (one code per 64 ms).
+"""Audio codec: 16 kHz speech <-> 31.25 (shipped) or 15.625 codes per second.
 
 Pipeline: waveform -> 80-bin log-mel (n_fft 1024, hop 256: 62.5 frames/s) -> a small 1-D convolutional
-encoder that halves time twice -> one code per 4 mel frames from a cosine/EMA codebook (the image codec's
-:class:`~tokenizers_mm.image.CosineEMAQuantizer`) -> a convolutional decoder back to log-mel -> waveform by
-torchaudio's ``InverseMelScale`` + ``GriffinLim``. No neural vocoder: Griffin-Lim on an 80-bin mel keeps
-Whisper's word error rate at the original's (64 bins lose a lot; measured), and it needs no training.
+encoder that halves time ``num_down`` times (1: one code per 2 mel frames, 32 ms; 2: per 4 frames, 64 ms) ->
+codes from a cosine/EMA codebook (the image codec's :class:`~tokenizers_mm.image.CosineEMAQuantizer`) -> a
+convolutional decoder back to log-mel -> waveform by a trained vocoder (:mod:`tokenizers_mm.vocoder`, attached
+to the codec folder) or, without one, torchaudio's ``InverseMelScale`` + ``GriffinLim``, which needs no
+training: on an 80-bin mel it keeps Whisper's word error rate near the original's (64 bins lose a lot).
 
 Variable length. Leading and trailing silence is trimmed before encoding, so a clip's code count follows its
-speech: 1 s of sound gives ``ceil(63 / 4) = 16`` codes. Inside a clip, every 64 ms window whose four mel
+speech: 1 s of sound gives ``ceil(63 / 2) = 32`` codes at 31.25 codes/s. Inside a clip, every window whose mel
 frames are all silent gets the reserved code :data:`SILENCE_CODE` (0); the encoder never picks it for sound.
 The same code marks padding in training crops, so the decoder learns one clean representation of silence.
 """

@@ -41,7 +41,7 @@ from training.checkpoint import load_checkpoint, restore, resumed_config, save_a
 from training.optim import warmup_cosine
 from unimodal.errors import DataError
 
-DEFAULT_MODEL = dict(encoder_channels=192, decoder_channels=256, dilations=(1, 3), num_down=2, embed_dim=16,
+DEFAULT_MODEL = dict(encoder_channels=192, decoder_channels=256, dilations=(1, 3), num_down=1, embed_dim=16,
                      num_codes=512)
 EVAL_SENTENCE_SEED = 987_654  # Faker seed of the unseen ordinary sentences in evaluate_audio_codec
 

@@ -50,8 +50,20 @@ def export_model(model_dir: str | Path, out: str | Path) -> Path:
 
 
 def _publish(staging: Path, out: Path) -> None:
+    _drop_local_paths(staging)
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
+
+
+def _drop_local_paths(folder: Path) -> None:
+    """diffusers records where a component was loaded from (``_name_or_path``): a path on the exporting machine,
+    meaningless in the package, so shipped configs leave it out."""
+    import json
+
+    for config in folder.rglob("config.json"):
+        values = json.loads(config.read_text())
+        if values.pop("_name_or_path", None) is not None:
+            config.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
 def _write_codecs(source: str | Path, staging: Path) -> None:

@@ -174,7 +174,8 @@ def add_codec_commands(sub) -> None:
                             "trained codec folder (its encoder and codebook are copied and frozen, so its codes "
                             "do not change; only the decoder trains)")
     train.add_argument("--num-down", type=int, choices=[1, 2, 3], default=None,
-                       help="audio: halvings of the 62.5 mel frames/s: 1 -> 31.25 codes/s, 2 -> 15.6 (default)")
+                       help="audio: halvings of the 62.5 mel frames/s: 1 -> 31.25 codes/s (default, as "
+                            "shipped), 2 -> 15.625")
     train.add_argument("--decoder-channels", type=int, default=None, help="audio: decoder width (default 256)")
     train.add_argument("--decoder-dilations", type=_number_list(int), default=None,
                        help="audio: dilations of the decoder's code-rate stack, e.g. 1,3,9,27 (default 1,3,1,3)")

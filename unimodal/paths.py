@@ -25,9 +25,11 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def default_codecs_dir() -> Path:
-    """The codecs shipped inside the package: those of the default model (``unimodal/default_model``, which holds
-    text/, image/ and audio/), else ``unimodal/default_codecs``; else the ones trained into the cache."""
-    for shipped in (PACKAGE_DIR / "default_model", PACKAGE_DIR / "default_codecs"):
+    """The codecs a new model trains with: the package's best set (``unimodal/default_codecs``: text/, image/,
+    audio/), else those of the default model (``unimodal/default_model``), else the ones trained into the cache.
+    The default model keeps the codecs it was trained with in its own folder, so a newer codec set here does
+    not change it."""
+    for shipped in (PACKAGE_DIR / "default_codecs", PACKAGE_DIR / "default_model"):
         if (shipped / "image").is_dir():
             return shipped
     return cache_root() / "codecs"

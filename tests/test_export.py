@@ -1,0 +1,54 @@
+"""Exporting codecs and models for shipping (training/export.py): float16 on disk, float32 when loaded, the same
+codes and tokens as the source, and no paths of the exporting machine in the shipped configs."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from training.export import export_codecs, export_model
+from training.tokens import CodecStack
+from unimodal.errors import DataError
+
+
+def _weights(folder):
+    return [tensor for path in sorted(folder.rglob("*.safetensors")) for tensor in load_file(path).values()]
+
+
+def _assert_shippable(folder):
+    assert all(t.dtype == torch.float16 for t in _weights(folder) if t.is_floating_point())
+    for config in folder.rglob("config.json"):
+        assert "_name_or_path" not in json.loads(config.read_text()), config
+
+
+def test_exported_codecs_keep_their_codes(tiny_codec_dir, tmp_path):
+    out = export_codecs(tiny_codec_dir, tmp_path / "shipped")
+    assert sorted(p.name for p in out.iterdir()) == ["audio", "image", "text"]
+    assert not (tmp_path / "shipped.tmp").exists()
+    _assert_shippable(out)
+    source, shipped = CodecStack.load(tiny_codec_dir), CodecStack.load(out)
+    assert next(shipped.image.model.parameters()).dtype == torch.float32
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (2, 64, 64, 3), dtype=np.uint8)
+    waves = [(0.1 * rng.standard_normal(12_000)).astype(np.float32)]
+    # float16 rounding may flip a code whose two nearest entries tie to 3 decimals; these tiny codecs have none
+    assert torch.equal(source.image.encode(images), shipped.image.encode(images))
+    assert torch.equal(source.audio.encode(waves)[0], shipped.audio.encode(waves)[0])
+    assert torch.equal(shipped.text.encode(["a red circle"])[0], source.text.encode(["a red circle"])[0])
+
+
+def test_exported_model_loads_and_refuses_a_non_model(tiny_model_dir, tmp_path):
+    from unimodal.pipeline import UniModal
+
+    out = export_model(tiny_model_dir, tmp_path / "model")
+    _assert_shippable(out)
+    source, shipped = UniModal.from_pretrained(tiny_model_dir), UniModal.from_pretrained(out)
+    for (name, a), (_, b) in zip(source.backbone.state_dict().items(), shipped.backbone.state_dict().items()):
+        assert b.dtype == a.dtype and torch.equal(b, a.half().to(a.dtype)), name  # float16-rounded, loaded back
+    assert shipped.layout == source.layout
+    result = shipped.generate(text="a red circle", to="image", steps=2, seed=0)
+    assert len(result.token_ids["image"]) == 64 and result.image.size == (64, 64)
+    with pytest.raises(DataError, match="not a model folder"):
+        export_model(tmp_path, tmp_path / "nothing")
