@@ -84,8 +84,10 @@ def parse_direction(text: str) -> tuple[str, str]:
     """``"text->image"`` -> ("text", "image"), with a clear error for anything else."""
     condition, arrow, target = (part.strip() for part in text.partition("->"))
     if not arrow or condition not in MODALITIES or target not in MODALITIES or condition == target:
+        from inference.evaluate import shell_hint
+
         raise InputError(f"a direction is CONDITION->TARGET with two different modalities among {MODALITIES}, "
-                         f"e.g. text->image; got {text!r}")
+                         f"e.g. text->image; got {text!r}{shell_hint(text)}")
     return condition, target
 
 

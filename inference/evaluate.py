@@ -50,12 +50,19 @@ class EvalCase:
     truth: dict | int | None
 
 
+def shell_hint(direction: str) -> str:
+    """For a direction cut short at ``-`` (``text->image`` unquoted in a shell became ``text-`` plus a file
+    named ``image``): a hint to quote it; else empty."""
+    return " (a shell reads an unquoted > as a redirection: quote it, 'text->image')" \
+        if direction.rstrip().endswith("-") else ""
+
+
 def parse_direction(direction: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``"text->image"`` -> (("text",), ("image",)); ``"joint"`` -> ((), all three)."""
     if direction == "joint":
         return (), JOINT_TARGETS
     if direction not in DIRECTIONS:
-        raise InputError(f"unknown direction {direction!r}; known: {', '.join(DIRECTIONS)}")
+        raise InputError(f"unknown direction {direction!r}; known: {', '.join(DIRECTIONS)}{shell_hint(direction)}")
     condition, target = direction.split("->")
     return (condition,), (target,)
 

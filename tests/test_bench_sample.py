@@ -85,6 +85,8 @@ def test_shared_settings_cannot_override_the_sweep(pipe):
 def test_bad_direction_is_a_clear_error(pipe):
     with pytest.raises(InputError, match="CONDITION->TARGET"):
         parse_direction("text=>image")
+    with pytest.raises(InputError, match="quote it"):  # `--directions text->image` unquoted in a shell
+        parse_direction("text-")
     with pytest.raises(InputError, match="needs audio conditions"):
         bench_sample(pipe, {"text": ["a red circle"]}, ["audio->image"], taus=[0.9], steps=[2])
 

@@ -170,3 +170,14 @@ def test_data_efficiency_trains_both_objectives_and_judges_every_snapshot(tiny_c
     assert (tmp_path / "out" / "data_efficiency.png").is_file() and "epochs" in format_report(report)
     again = run_data_efficiency(cfg, tiny_codec_dir, tmp_path / "out", progress=False)  # everything cached
     assert again["judged"] == report["judged"]
+
+
+def test_directions_parse_and_a_bad_one_says_what_is_known():
+    from inference.evaluate import parse_direction
+
+    assert parse_direction("audio->image") == (("audio",), ("image",))
+    assert parse_direction("joint") == ((), ("text", "image", "audio"))
+    with pytest.raises(InputError, match="known: text->image"):
+        parse_direction("text->video")
+    with pytest.raises(InputError, match="quote it"):
+        parse_direction("text-")
