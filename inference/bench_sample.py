@@ -164,9 +164,15 @@ def _row(direction: str, setting: Setting, config: SamplerConfig, results: list[
             "peak_memory_bytes": memory[0], "memory_kind": memory[1]}
 
 
-def judged_quality(pipe, target: str, results: list[SampleResult], cases, judges) -> float | None:
-    """Judged accuracy of the outputs (``unimodal eval``'s judges) when the cases carry the truth: attribute
-    accuracy of images, caption accuracy of text; None for audio (transcribing every setting costs minutes)."""
+def _mean_verdict(verdicts: list | None) -> float | None:
+    judged = [v for v in verdicts or [] if v is not None]
+    return float(np.mean(judged)) if judged else None
+
+
+def judged_verdicts(pipe, target: str, results: list[SampleResult], cases, judges) -> list | None:
+    """The outputs judged by ``unimodal eval``'s judges when the cases carry the truth (attributes of images,
+    captions of text), per case: 1 (right), 0 (wrong) or None (the judge abstained). None for audio targets
+    (transcribing every setting costs minutes) and without cases."""
     from inference.evaluate import caption_correct, judge_image
 
     if cases is None or target == "audio":
@@ -178,8 +184,21 @@ def judged_quality(pipe, target: str, results: list[SampleResult], cases, judges
                     for c, im in zip(cases, images)]
     else:
         verdicts = [caption_correct(c, pipe.text_codec.decode_one(r.tokens["text"])) for c, r in zip(cases, results)]
-    verdicts = [v for v in verdicts if v is not None]
-    return float(np.mean(verdicts)) if verdicts else None
+    return [None if v is None else int(bool(v)) for v in verdicts]
+
+
+def paired_difference(verdicts: list, reference: list, resamples: int = 2000, seed: int = 0) -> dict | None:
+    """Mean of ``verdicts - reference`` over the cases both judged (the same prompts, so the difference is
+    paired and far less noisy than two separate accuracies) and its 95% bootstrap interval; None without
+    verdicts."""
+    pairs = np.array([(a, b) for a, b in zip(verdicts or [], reference or []) if a is not None and b is not None],
+                     dtype=np.float64).reshape(-1, 2)
+    if not len(pairs):
+        return None
+    diff = pairs[:, 0] - pairs[:, 1]
+    draws = np.random.default_rng(seed).integers(0, len(diff), (resamples, len(diff)))
+    low, high = np.percentile(diff[draws].mean(axis=1), [2.5, 97.5])
+    return {"mean": float(diff.mean()), "ci95": [float(low), float(high)], "cases": int(len(diff))}
 
 
 def bench_direction(pipe, direction: str, values: list, settings: list[Setting], seed: int = 0,
@@ -204,16 +223,19 @@ def bench_direction(pipe, direction: str, values: list, settings: list[Setting],
             reference = reference if reference is not None else results  # the first setting is the reference
             tokens[use_cache] = [_slot_ids(r) for r in results]
             outputs[use_cache] = results
+            verdicts = judged_verdicts(pipe, target, results, cases, judges) if use_cache else None
             rows.append(_row(direction, setting, config, results, wall, memory)
-                        | {"agreement": agreement(results, reference),
-                           "quality": judged_quality(pipe, target, results, cases, judges) if use_cache else None})
+                        | {"agreement": agreement(results, reference), "quality": _mean_verdict(verdicts),
+                           "verdicts": verdicts})
         if not cache_check:
             rows[-1] |= {"cache_speedup": None, "cache_tokens_identical": None}
             continue
         same = all(torch.equal(a, b) for a, b in zip(tokens[True], tokens[False]))
         cached, uncached = rows[-2], rows[-1]
         # identical tokens, identical verdicts; otherwise the uncached outputs are judged on their own
-        uncached["quality"] = cached["quality"] if same else judged_quality(pipe, target, outputs[False], cases, judges)
+        uncached["verdicts"] = cached["verdicts"] if same else \
+            judged_verdicts(pipe, target, outputs[False], cases, judges)
+        uncached["quality"] = _mean_verdict(uncached["verdicts"])
         for row in (cached, uncached):
             row["cache_speedup"] = uncached["wall_s_per_sample"] / cached["wall_s_per_sample"]
             row["cache_tokens_identical"] = same
@@ -277,7 +299,9 @@ def target_checks(rows: list[dict]) -> dict:
                                  "rule": "passes <= 8" if target == "image" else "TPF >= 3",
                                  "best_setting": best and best["setting"], "best": best and best[key],
                                  "best_passes": best and best["forward_passes"], "best_tpf": best and best["tpf"],
-                                 "met": bool(best and best[key] >= reference[key] - margin)}
+                                 "met": bool(best and best[key] >= reference[key] - margin),
+                                 "difference": best and paired_difference(best.get("verdicts"),
+                                                                          reference.get("verdicts"))}
         speedups = [r["cache_speedup"] for r in mine if r["cache_speedup"] is not None]
         checks.setdefault(direction, {})["cache"] = None if not speedups else {
             "median_speedup": float(np.median(speedups)), "identical": all(r["cache_tokens_identical"] for r in mine)}
@@ -366,6 +390,10 @@ def _target_line(direction: str, check: dict) -> str:
             f"TPF {check['best_tpf']:.2f}"
         line += (f"; {check['rule']}: best {best} vs all-steps {check['reference']:.3f} -> "
                  f"{'met' if check['met'] else 'NOT met'}")
+        if check.get("difference"):
+            d = check["difference"]
+            line += (f" (paired difference {d['mean']:+.3f}, 95% interval {d['ci95'][0]:+.3f} to "
+                     f"{d['ci95'][1]:+.3f}, {d['cases']} cases)")
     return line
 
 

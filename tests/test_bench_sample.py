@@ -139,5 +139,21 @@ def test_cli_bench_sample_without_the_cache_check(tiny_model_dir, tmp_path, caps
     assert [(row["setting"], row["use_cache"]) for row in saved["rows"]] == [(REFERENCE, True), ("steps=2", True)]
     assert all(row["cache_speedup"] is None and row["cache_tokens_identical"] is None for row in saved["rows"])
     assert saved["targets"]["text->image"]["cache"] is None
+    assert all(len(row["verdicts"]) == 2 for row in saved["rows"])  # per case, for paired comparisons
     printed = capsys.readouterr().out
-    assert "cache not measured" in printed and "passes <= 8" in printed
+    assert "cache not measured" in printed and "passes <= 8" in printed and "paired difference" in printed
+
+
+def test_paired_difference_of_verdicts():
+    from inference.bench_sample import paired_difference, target_checks
+
+    reference = [1, 1, 0, 0, None] * 20
+    same = paired_difference(reference, reference)
+    assert same["mean"] == 0.0 and same["ci95"] == [0.0, 0.0] and same["cases"] == 80  # abstentions left out
+    worse = paired_difference([0, 1, 0, 0, 1] * 20, reference)
+    assert worse["mean"] == pytest.approx(-0.25) and worse["ci95"][0] < -0.25 < worse["ci95"][1] < 0
+    assert paired_difference(None, reference) is None
+    rows = [_row("text->image", REFERENCE, 64, 1.0, 0.5) | {"verdicts": reference},
+            _row("text->image", "steps=8", 8, 8.0, 0.5) | {"verdicts": [1, 0, 1, 0, 1] * 20}]
+    check = target_checks(rows)["text->image"]
+    assert check["met"] and check["difference"]["mean"] == 0.0 and check["difference"]["ci95"][0] < 0
