@@ -20,7 +20,8 @@ from unimodal.errors import InputError
 DEFAULT_DIRECTIONS = ("text->image", "image->text", "text->audio")
 DEFAULT_SWEEP = ({"mode": "confidence", "steps": 4}, {"mode": "confidence", "steps": 8},
                  {"mode": "confidence", "steps": 16}, {"mode": "confidence", "steps": 32},
-                 {"mode": "threshold", "tau": 0.9, "steps": 64}, {"mode": "threshold", "tau": 0.7, "steps": 64})
+                 {"mode": "threshold", "tau": 0.7, "steps": 64}, {"mode": "threshold", "tau": 0.9, "steps": 64},
+                 {"mode": "threshold", "tau": 0.95, "steps": 64})
 AR = "ar"
 
 
@@ -59,12 +60,19 @@ def _warm_up(contenders: dict, direction: str, case: EvalCase) -> None:
 
 
 def versus_ar(diffusion, autoregressive, cases: Sequence[EvalCase], directions: Sequence[str] = DEFAULT_DIRECTIONS,
-              sweep: Sequence[dict] = DEFAULT_SWEEP, temperature: float = 0.0, seed: int = 0, batch_size: int = 16,
-              judges: Judges | None = None, progress: bool = True) -> dict:
-    """The whole comparison; returns a JSON-ready report with one row per (direction, contender)."""
+              sweep: Sequence[dict] = DEFAULT_SWEEP, temperature: float | None = None, seed: int = 0,
+              batch_size: int = 16, judges: Judges | None = None, progress: bool = True) -> dict:
+    """The whole comparison; returns a JSON-ready report with one row per (direction, contender).
+
+    ``temperature`` None (default): each model samples each output with its own per-output defaults (the
+    pipelines' ``target_settings``: the diffusion model draws images and speech at temperature 1 with guidance
+    and decodes captions greedily; the twin takes the temperature / top-k / top-p of the same table), i.e. as a
+    user gets them; a number applies to both models in every direction. Each row records the settings the
+    sampler actually used (``effective_settings``)."""
     judges = judges or Judges()
-    contenders = {AR: (autoregressive, {"temperature": temperature})}
-    contenders |= {setting_name(s): (diffusion, {**s, "temperature": temperature}) for s in sweep}
+    shared = {} if temperature is None else {"temperature": temperature}
+    contenders = {AR: (autoregressive, dict(shared))}
+    contenders |= {setting_name(s): (diffusion, {**s, **shared}) for s in sweep}
     rows, summary = [], {}
     for direction in directions:
         conditions, _ = parse_direction(direction)
@@ -78,7 +86,8 @@ def versus_ar(diffusion, autoregressive, cases: Sequence[EvalCase], directions: 
             scores = score_direction(direction, usable, outputs, judges)
             figures = summarize(direction, usable, outputs, scores, walls[name])
             rows.append({"direction": direction, "contender": name, "settings": contenders[name][1],
-                         "quality": quality(figures, direction), **figures})
+                         "effective_settings": outputs[0].settings, "quality": quality(figures, direction),
+                         **figures})
         summary[direction] = matched_speedup([r for r in rows if r["direction"] == direction])
     return {"directions": list(directions), "temperature": temperature, "seed": seed, "batch_size": batch_size,
             "n": len(cases), "rows": rows, "summary": summary}
@@ -113,7 +122,7 @@ def format_table(report: dict) -> str:
         lines.append(f"{direction}: diffusion vs AR twin: {matched}; fastest setting {s['fastest_setting']} "
                      f"{s['speedup_fastest']:.2f}x at quality {s['fastest_quality']:.3f}")
     lines.append(f"quality: judged accuracy (caption/transcript attributes equal the truth for ->text/->audio); "
-                 f"temperature {report['temperature']:g}, seed {report['seed']}, batch {report['batch_size']}")
+                 f"{_temperature_words(report['temperature'])}, seed {report['seed']}, batch {report['batch_size']}")
     return "\n".join(lines)
 
 
@@ -139,11 +148,15 @@ def plot(report: dict, path) -> str:
     axis.set_ylim(-0.02, 1.02)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
-    axis.set_title(f"diffusion sampler sweep vs autoregressive twin (temperature {report['temperature']:g})")
+    axis.set_title(f"diffusion sampler sweep vs autoregressive twin ({_temperature_words(report['temperature'])})")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return str(path)
+
+
+def _temperature_words(temperature: float | None) -> str:
+    return "each model's per-output sampling defaults" if temperature is None else f"temperature {temperature:g}"
 
 
 __all__ = ["DEFAULT_DIRECTIONS", "DEFAULT_SWEEP", "format_table", "matched_speedup", "plot", "setting_name",

@@ -147,6 +147,13 @@ def test_versus_ar_compares_both_models_on_the_same_prompts(tiny_codec_dir, capt
     assert ("text->image", "ar") in contenders and ("image->text", "confidence4") in contenders
     ar_row = next(r for r in report["rows"] if r["contender"] == "ar" and r["direction"] == "text->image")
     assert ar_row["forward_passes"] == 64 and (tmp_path / "vs" / "versus_ar.png").is_file()
+    # no --temperature: each model samples with its per-output defaults, and the rows say what was used
+    assert report["temperature"] is None and "per-output sampling defaults" in out
+    used = {(r["direction"], r["contender"]): r["effective_settings"] for r in report["rows"]}
+    image = used[("text->image", "confidence8")]
+    assert (image["temperature"], image["cfg"]) == (1.0, 3.0)
+    assert used[("image->text", "confidence8")]["temperature"] == 0.0
+    assert used[("image->text", "tau0.95")]["mode"] == "threshold"
     assert main(["bench", "versus-ar", "--model", str(ar_dir), "--ar-model", str(caption_model),
                  "--out", str(tmp_path / "bad")]) == 2
 

@@ -124,7 +124,9 @@ def add_versus_ar_command(bench) -> None:
     vs.add_argument("--data", default="scenes", help="scenes, digits or built data folders (test split)")
     vs.add_argument("--n", type=int, default=32, help="prompts per data set")
     vs.add_argument("--directions", default=",".join(DEFAULT_DIRECTIONS))
-    vs.add_argument("--temperature", type=float, default=0.0, help="both models (default 0: greedy)")
+    vs.add_argument("--temperature", type=float, default=None,
+                    help="one sampling temperature for both models in every direction (default: each model's "
+                         "per-output defaults, as `generate` uses them; 0 = greedy)")
     vs.add_argument("--seed", type=int, default=0)
     vs.add_argument("--batch-size", type=int, default=16, help="prompts per batched call, for both models")
     vs.add_argument("--out", default="bench-versus-ar", help="folder for versus_ar.json and versus_ar.png")
