@@ -85,16 +85,23 @@ def versus_ar(diffusion, autoregressive, cases: Sequence[EvalCase], directions: 
         for name, outputs in results.items():
             scores = score_direction(direction, usable, outputs, judges)
             figures = summarize(direction, usable, outputs, scores, walls[name])
+            verdicts = [None if s.get("correct") is None else int(bool(s["correct"])) for s in scores]
             rows.append({"direction": direction, "contender": name, "settings": contenders[name][1],
                          "effective_settings": outputs[0].settings, "quality": quality(figures, direction),
-                         **figures})
+                         **figures, "verdicts": verdicts})
         summary[direction] = matched_speedup([r for r in rows if r["direction"] == direction])
     return {"directions": list(directions), "temperature": temperature, "seed": seed, "batch_size": batch_size,
             "n": len(cases), "rows": rows, "summary": summary}
 
 
 def matched_speedup(rows: Sequence[dict]) -> dict:
-    """AR wall / diffusion wall for the fastest diffusion setting at least as good as the twin (and overall)."""
+    """AR wall / diffusion wall for the fastest diffusion setting at least as good as the twin (and overall).
+
+    Both models judged the same prompts, so next to each setting's accuracy goes the paired difference
+    (diffusion - AR) over the cases with its 95% bootstrap interval: "matched" on 32 prompts can be luck,
+    and the interval says how much."""
+    from inference.bench_sample import paired_difference
+
     ar = next(r for r in rows if r["contender"] == AR)
     diffusion = [r for r in rows if r["contender"] != AR]
     matched = [r for r in diffusion if r["quality"] >= ar["quality"]]
@@ -105,7 +112,9 @@ def matched_speedup(rows: Sequence[dict]) -> dict:
             "matched_quality": best["quality"] if best else None,
             "speedup_at_matched_quality": ar["wall_s_per_sample"] / best["wall_s_per_sample"] if best else None,
             "fastest_setting": fastest["contender"], "fastest_quality": fastest["quality"],
-            "speedup_fastest": ar["wall_s_per_sample"] / fastest["wall_s_per_sample"]}
+            "speedup_fastest": ar["wall_s_per_sample"] / fastest["wall_s_per_sample"],
+            "matched_minus_ar": paired_difference(best.get("verdicts"), ar.get("verdicts")) if best else None,
+            "fastest_minus_ar": paired_difference(fastest.get("verdicts"), ar.get("verdicts"))}
 
 
 def format_table(report: dict) -> str:
@@ -119,8 +128,9 @@ def format_table(report: dict) -> str:
         matched = "no diffusion setting matches the twin's quality" if s["matched_setting"] is None else \
             f"{s['speedup_at_matched_quality']:.2f}x at matched quality ({s['matched_setting']}: " \
             f"{s['matched_quality']:.3f} vs AR {s['ar_quality']:.3f})"
-        lines.append(f"{direction}: diffusion vs AR twin: {matched}; fastest setting {s['fastest_setting']} "
-                     f"{s['speedup_fastest']:.2f}x at quality {s['fastest_quality']:.3f}")
+        lines.append(f"{direction}: diffusion vs AR twin: {matched}{_interval(s.get('matched_minus_ar'))}; "
+                     f"fastest setting {s['fastest_setting']} {s['speedup_fastest']:.2f}x at quality "
+                     f"{s['fastest_quality']:.3f}{_interval(s.get('fastest_minus_ar'))}")
     lines.append(f"quality: judged accuracy (caption/transcript attributes equal the truth for ->text/->audio); "
                  f"{_temperature_words(report['temperature'])}, seed {report['seed']}, batch {report['batch_size']}")
     return "\n".join(lines)
@@ -153,6 +163,13 @@ def plot(report: dict, path) -> str:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return str(path)
+
+
+def _interval(difference: dict | None) -> str:
+    if not difference:
+        return ""
+    low, high = difference["ci95"]
+    return f" [paired diff {difference['mean']:+.3f}, 95% CI {low:+.3f}..{high:+.3f}, {difference['cases']} cases]"
 
 
 def _temperature_words(temperature: float | None) -> str:

@@ -147,6 +147,8 @@ def test_versus_ar_compares_both_models_on_the_same_prompts(tiny_codec_dir, capt
     assert ("text->image", "ar") in contenders and ("image->text", "confidence4") in contenders
     ar_row = next(r for r in report["rows"] if r["contender"] == "ar" and r["direction"] == "text->image")
     assert ar_row["forward_passes"] == 64 and (tmp_path / "vs" / "versus_ar.png").is_file()
+    assert all(len(r["verdicts"]) == r["n"] for r in report["rows"])
+    assert report["summary"]["text->image"]["fastest_minus_ar"]["cases"] == ar_row["n"]
     # no --temperature: each model samples with its per-output defaults, and the rows say what was used
     assert report["temperature"] is None and "per-output sampling defaults" in out
     used = {(r["direction"], r["contender"]): r["effective_settings"] for r in report["rows"]}
@@ -156,6 +158,26 @@ def test_versus_ar_compares_both_models_on_the_same_prompts(tiny_codec_dir, capt
     assert used[("image->text", "tau0.95")]["mode"] == "threshold"
     assert main(["bench", "versus-ar", "--model", str(ar_dir), "--ar-model", str(caption_model),
                  "--out", str(tmp_path / "bad")]) == 2
+
+
+def test_matched_speedup_picks_the_fastest_setting_as_good_as_the_twin():
+    from inference.versus import matched_speedup
+
+    def row(name, wall, verdicts):
+        return {"contender": name, "wall_s_per_sample": wall, "quality": sum(verdicts) / len(verdicts),
+                "verdicts": verdicts}
+
+    rows = [row("ar", 2.0, [1, 1, 0, 0]), row("confidence4", 0.25, [0, 0, 0, 0]),
+            row("confidence8", 0.5, [1, 1, 1, 0]), row("confidence16", 1.0, [1, 1, 1, 1])]
+    summary = matched_speedup(rows)
+    assert summary["matched_setting"] == "confidence8" and summary["speedup_at_matched_quality"] == 4.0
+    assert summary["matched_minus_ar"]["mean"] == 0.25 and summary["matched_minus_ar"]["cases"] == 4
+    assert summary["fastest_setting"] == "confidence4" and summary["speedup_fastest"] == 8.0
+    assert summary["fastest_minus_ar"]["mean"] == -0.5
+    low, high = summary["fastest_minus_ar"]["ci95"]
+    assert low <= -0.5 <= high <= 0
+    nothing = matched_speedup([row("ar", 2.0, [1, 1]), row("confidence4", 0.5, [0, 1])])
+    assert nothing["matched_setting"] is None and nothing["matched_minus_ar"] is None
 
 
 def test_data_efficiency_trains_both_objectives_and_judges_every_snapshot(tiny_codec_dir, tmp_path):
