@@ -158,7 +158,8 @@ def plot(report: dict, path) -> str:
     axis.set_ylim(-0.02, 1.02)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
-    axis.set_title(f"diffusion sampler sweep vs autoregressive twin ({_temperature_words(report['temperature'])})")
+    axis.set_title(f"diffusion sampler sweep vs autoregressive twin\n({_temperature_words(report['temperature'])}, "
+                   f"batch {report['batch_size']}, {report['n']} cases)", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
