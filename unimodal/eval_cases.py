@@ -37,7 +37,7 @@ def load_cases(data: str, split: str = "test", n: int = 100, speech: bool = True
                 continue
             cases += _digit_cases(split, n, speech)
         else:
-            cases += _folder_cases(Path(name), split, n)
+            cases += _folder_cases(Path(name), split, n, speech)
     if not cases:
         raise InputError(f"no evaluation cases in {data!r} for split {split!r}")
     return cases, notes
@@ -60,7 +60,7 @@ def _digit_cases(split: str, n: int, speech: bool) -> list[EvalCase]:
             for s in digits.make_samples(DATA_SEED, split, indices, speech)]
 
 
-def _folder_cases(folder: Path, split: str, n: int) -> list[EvalCase]:
+def _folder_cases(folder: Path, split: str, n: int, speech: bool = True) -> list[EvalCase]:
     from training.data.store import BuiltDataset
 
     if not (folder / "info.json").is_file():
@@ -78,7 +78,7 @@ def _folder_cases(folder: Path, split: str, n: int) -> list[EvalCase]:
         kind = "scene" if isinstance(truth, dict) and "objects" in truth else \
             "digit" if isinstance(truth, dict) and "digit" in truth else "other"
         truth = truth["digit"] if kind == "digit" else truth if kind == "scene" else None
-        cases.append(EvalCase(kind, sample.text, sample.image, sample.audio, truth))
+        cases.append(EvalCase(kind, sample.text, sample.image, sample.audio if speech else None, truth))
     return cases
 
 
