@@ -115,6 +115,16 @@ def test_eval_command_end_to_end_is_reproducible(caption_model, tmp_path, capsys
         assert (tmp_path / "a" / name).is_file(), name
 
 
+def test_eval_semi_ar_flags_reach_the_sampler(caption_model, tmp_path, capsys):
+    args = ["eval", "--model", str(caption_model), "--data", "scenes", "--n", "2", "--directions", "image->text",
+            "--mode", "semi_ar", "--block-length", "4", "--steps", "2", "--out", str(tmp_path / "e")]
+    assert main(args) == 0
+    report = json.loads((tmp_path / "e" / "eval.json").read_text())
+    assert report["settings"] == {"mode": "semi_ar", "block_length": 4, "steps": 2}
+    used = report["figures"]["image->text"]["sampler"]
+    assert (used["mode"], used["block_length"]) == ("semi_ar", 4)
+
+
 def _same_but_time(a, b):
     strip = lambda f: {d: {k: v for k, v in x.items() if k != "wall_s_per_sample"} for d, x in f.items()}  # noqa: E731
     return strip(a["figures"]) == strip(b["figures"])

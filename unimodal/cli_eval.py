@@ -8,7 +8,8 @@ from pathlib import Path
 
 from unimodal.errors import InputError
 
-SAMPLING_FLAGS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "choice_temperature")
+SAMPLING_FLAGS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "choice_temperature",
+                  "block_length")
 
 
 def _settings(args) -> dict:
@@ -61,6 +62,8 @@ def _add_sampling_flags(parser, temperature_default) -> None:
     parser.add_argument("--cfg", type=_parse_cfg, default=None, help="guidance scale (3) or per input (text=3)")
     parser.add_argument("--choice-temperature", type=float, default=None,
                         help="Gumbel noise on which slots are committed first, annealed to 0 (MaskGIT)")
+    parser.add_argument("--block-length", type=int, default=None,
+                        help="--mode semi_ar: slots per left-to-right block (--steps is then per block)")
 
 
 def add_eval_command(sub) -> None:
