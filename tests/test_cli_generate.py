@@ -157,3 +157,21 @@ def test_vocoder_fine_tuning_gets_its_own_defaults_and_flags_win(tmp_path, capsy
     assert (fine_tune.lr, fine_tune.warmup, fine_tune.codec_mel_fraction) == (5e-4, 50, 0.9)
     assert fine_tune.init_from == str(tmp_path)
     assert (flagged.lr, flagged.warmup, flagged.codec_mel_fraction) == (2e-4, 50, 0.7)
+
+
+def test_train_tasks_flag_sets_the_mixture_and_refuses_bad_pairs(tmp_path, capsys, monkeypatch):
+    import training.train
+
+    seen = []
+    monkeypatch.setattr(training.train, "train", lambda out, data, codecs, cfg, resume: seen.append(cfg) or out)
+    run(capsys, "train", "--out", tmp_path / "a", "--tasks", "text->image=3, image->text=2")
+    run(capsys, "train", "--out", tmp_path / "b")
+    assert seen[0].task_weights == {"text->image": 3.0, "image->text": 2.0}
+    assert seen[1].task_weights == training.train.TrainConfig().task_weights
+    for bad, message in (("text->image", "TASK=WEIGHT"), ("text->picture=1", "text->picture"),
+                         ("text->image=-1", ">= 0")):
+        with pytest.raises(SystemExit) as exit_info:  # argparse: usage line and the message, exit status 2
+            run(capsys, "train", "--out", tmp_path / "c", "--tasks", bad)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and message in err and "Traceback" not in err, (bad, err)
+    assert len(seen) == 2

@@ -431,6 +431,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--snapshots", type=_step_list, default=[],
                         help="comma-separated steps at which to also write OUT/model-stepN (EMA weights)")
     parser.add_argument("--ema-decay", type=float, default=TrainConfig.ema_decay)
+    parser.add_argument("--tasks", type=_task_weights, default=None,
+                        help="task mixture as TASK=WEIGHT pairs, e.g. 'text->image=3,image->text=2' (quote it: "
+                             "'>' redirects in a shell; default: the mixture in training/tasks.py)")
     parser.add_argument("--init-from", default=None,
                         help="start from this model folder's weights (fine-tuning, e.g. unimodal/default_model on "
                              "your own data); the preset and vocabulary must match")
@@ -452,6 +455,27 @@ def _step_list(text: str) -> list[int]:
     return steps
 
 
+def _task_weights(text: str) -> dict[str, float]:
+    import argparse
+
+    from training.tasks import TaskMixture
+
+    weights = {}
+    for item in (part.strip() for part in text.split(",")):
+        name, sep, value = item.rpartition("=")
+        try:
+            weights[name.strip()] = float(value)
+        except ValueError:
+            name = ""
+        if not sep or not name.strip():
+            raise argparse.ArgumentTypeError(f"--tasks takes TASK=WEIGHT pairs such as 'text->image=3'; got {item!r}")
+    try:
+        TaskMixture(weights)  # unknown task names and bad weights are refused here, before any data is loaded
+    except InputError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return weights
+
+
 def run_from_args(args) -> int:
     from training.checkpoint import cli_config
 
@@ -459,7 +483,8 @@ def run_from_args(args) -> int:
                      grad_accum=args.grad_accum, lr=args.lr, val_every=args.val_every,
                      checkpoint_every=args.checkpoint_every, bf16=not args.no_bf16, seed=args.seed,
                      objective=args.objective, train_subset=args.train_subset, snapshots=args.snapshots,
-                     ema_decay=args.ema_decay, init_from=args.init_from, max_audio_seconds=args.max_audio_seconds)
+                     ema_decay=args.ema_decay, init_from=args.init_from, max_audio_seconds=args.max_audio_seconds,
+                     **({} if args.tasks is None else {"task_weights": args.tasks}))
     model_dir = train(args.out, [d for d in args.data.split(",") if d], args.codecs, cfg, resume=args.resume)
     print(model_dir)
     return 0
