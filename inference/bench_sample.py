@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from inference.evaluate import Judges, caption_correct, judge_image, paired_difference, shell_hint, verdicts_of
 from inference.sampler import Request, SampleResult, SamplerConfig, generate
 from tokenizers_mm.layout import MODALITIES
 from unimodal.errors import InputError
@@ -84,8 +85,6 @@ def parse_direction(text: str) -> tuple[str, str]:
     """``"text->image"`` -> ("text", "image"), with a clear error for anything else."""
     condition, arrow, target = (part.strip() for part in text.partition("->"))
     if not arrow or condition not in MODALITIES or target not in MODALITIES or condition == target:
-        from inference.evaluate import shell_hint
-
         raise InputError(f"a direction is CONDITION->TARGET with two different modalities among {MODALITIES}, "
                          f"e.g. text->image; got {text!r}{shell_hint(text)}")
     return condition, target
@@ -173,8 +172,6 @@ def judged_verdicts(pipe, target: str, results: list[SampleResult], cases, judge
     """The outputs judged by ``unimodal eval``'s judges when the cases carry the truth (attributes of images,
     captions of text), per case: 1 (right), 0 (wrong) or None (the judge abstained). None for audio targets
     (transcribing every setting costs minutes) and without cases."""
-    from inference.evaluate import caption_correct, judge_image
-
     if cases is None or target == "audio":
         return None
     if target == "image":
@@ -184,21 +181,7 @@ def judged_verdicts(pipe, target: str, results: list[SampleResult], cases, judge
                     for c, im in zip(cases, images)]
     else:
         verdicts = [caption_correct(c, pipe.text_codec.decode_one(r.tokens["text"])) for c, r in zip(cases, results)]
-    return [None if v is None else int(bool(v)) for v in verdicts]
-
-
-def paired_difference(verdicts: list, reference: list, resamples: int = 2000, seed: int = 0) -> dict | None:
-    """Mean of ``verdicts - reference`` over the cases both judged (the same prompts, so the difference is
-    paired and far less noisy than two separate accuracies) and its 95% bootstrap interval; None without
-    verdicts."""
-    pairs = np.array([(a, b) for a, b in zip(verdicts or [], reference or []) if a is not None and b is not None],
-                     dtype=np.float64).reshape(-1, 2)
-    if not len(pairs):
-        return None
-    diff = pairs[:, 0] - pairs[:, 1]
-    draws = np.random.default_rng(seed).integers(0, len(diff), (resamples, len(diff)))
-    low, high = np.percentile(diff[draws].mean(axis=1), [2.5, 97.5])
-    return {"mean": float(diff.mean()), "ci95": [float(low), float(high)], "cases": int(len(diff))}
+    return verdicts_of(verdicts)
 
 
 def bench_direction(pipe, direction: str, values: list, settings: list[Setting], seed: int = 0,
@@ -251,8 +234,6 @@ def bench_sample(pipe, conditions: dict[str, list], directions=DEFAULT_DIRECTION
     step under ``torch.compile``; ``cache_check=False``: skip the uncached repeat of every setting (the cache
     figure is then not measured). Returns a JSON-ready report: settings, device, memory kind, one row per
     measure and the issue's target checks."""
-    from inference.evaluate import Judges
-
     swept = set(SWEPT_FIELDS) & set(sampling or {})
     if swept:
         raise InputError(f"sampling settings shared by the sweep cannot set {sorted(swept)}: the sweep sets "

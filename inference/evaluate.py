@@ -188,6 +188,25 @@ def score_direction(direction: str, cases: Sequence[EvalCase], results: Sequence
     return scores
 
 
+def verdicts_of(values) -> list:
+    """Judge outcomes as per-case verdicts for paired comparisons: 1 (right), 0 (wrong), None (abstained)."""
+    return [None if v is None else int(bool(v)) for v in values]
+
+
+def paired_difference(verdicts: list, reference: list, resamples: int = 2000, seed: int = 0) -> dict | None:
+    """Mean of ``verdicts - reference`` over the cases both judged (the same prompts, so the difference is
+    paired and far less noisy than two separate accuracies) and its 95% bootstrap interval; None without
+    verdicts."""
+    pairs = np.array([(a, b) for a, b in zip(verdicts or [], reference or []) if a is not None and b is not None],
+                     dtype=np.float64).reshape(-1, 2)
+    if not len(pairs):
+        return None
+    diff = pairs[:, 0] - pairs[:, 1]
+    draws = np.random.default_rng(seed).integers(0, len(diff), (resamples, len(diff)))
+    low, high = np.percentile(diff[draws].mean(axis=1), [2.5, 97.5])
+    return {"mean": float(diff.mean()), "ci95": [float(low), float(high)], "cases": int(len(diff))}
+
+
 SAMPLER_FIELDS = ("mode", "schedule", "steps", "tau", "temperature", "top_k", "top_p", "cfg", "choice_temperature",
                   "block_length", "block_mode")
 
@@ -353,5 +372,5 @@ def _json_default(value):
 
 
 __all__ = ["DIRECTIONS", "EvalCase", "Judges", "caption_correct", "evaluate", "format_table", "joint_consistency",
-           "judge_image", "model_hash", "parse_direction", "reference_figures", "save_report", "score_direction",
-           "summarize"]
+           "judge_image", "model_hash", "paired_difference", "parse_direction", "reference_figures", "save_report",
+           "score_direction", "shell_hint", "summarize", "verdicts_of"]

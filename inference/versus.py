@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from inference.evaluate import EvalCase, Judges, eval_requests, parse_direction, score_direction, summarize
+from inference.evaluate import (EvalCase, Judges, eval_requests, paired_difference, parse_direction,
+                                score_direction, summarize, verdicts_of)
 from unimodal.errors import InputError
 
 DEFAULT_DIRECTIONS = ("text->image", "image->text", "text->audio")
@@ -85,10 +86,9 @@ def versus_ar(diffusion, autoregressive, cases: Sequence[EvalCase], directions: 
         for name, outputs in results.items():
             scores = score_direction(direction, usable, outputs, judges)
             figures = summarize(direction, usable, outputs, scores, walls[name])
-            verdicts = [None if s.get("correct") is None else int(bool(s["correct"])) for s in scores]
             rows.append({"direction": direction, "contender": name, "settings": contenders[name][1],
                          "effective_settings": outputs[0].settings, "quality": quality(figures, direction),
-                         **figures, "verdicts": verdicts})
+                         **figures, "verdicts": verdicts_of(s.get("correct") for s in scores)})
         summary[direction] = matched_speedup([r for r in rows if r["direction"] == direction])
     return {"directions": list(directions), "temperature": temperature, "seed": seed, "batch_size": batch_size,
             "n": len(cases), "rows": rows, "summary": summary}
@@ -100,8 +100,6 @@ def matched_speedup(rows: Sequence[dict]) -> dict:
     Both models judged the same prompts, so next to each setting's accuracy goes the paired difference
     (diffusion - AR) over the cases with its 95% bootstrap interval: "matched" on 32 prompts can be luck,
     and the interval says how much."""
-    from inference.bench_sample import paired_difference
-
     ar = next(r for r in rows if r["contender"] == AR)
     diffusion = [r for r in rows if r["contender"] != AR]
     matched = [r for r in diffusion if r["quality"] >= ar["quality"]]

@@ -462,13 +462,14 @@ def _task_weights(text: str) -> dict[str, float]:
 
     weights = {}
     for item in (part.strip() for part in text.split(",")):
-        name, sep, value = item.rpartition("=")
+        name, _, value = (part.strip() for part in item.rpartition("="))
         try:
-            weights[name.strip()] = float(value)
+            weight = float(value)
         except ValueError:
-            name = ""
-        if not sep or not name.strip():
+            weight = None
+        if not name or weight is None:  # no '=' leaves the name empty
             raise argparse.ArgumentTypeError(f"--tasks takes TASK=WEIGHT pairs such as 'text->image=3'; got {item!r}")
+        weights[name] = weight
     try:
         TaskMixture(weights)  # unknown task names and bad weights are refused here, before any data is loaded
     except InputError as error:
