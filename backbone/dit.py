@@ -346,29 +346,38 @@ class DiT(ModelMixin, ConfigMixin):
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rotary_cos_sin(positions, self.head_dim, self.config.rope_theta)  # (B, 1, L, hd) x2
 
-    def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Tied head in float32 even under autocast: logits feed a softmax / cross-entropy."""
-        bias = None if self.output_bias is None else self.output_bias.float()
-        with torch.autocast(hidden.device.type, enabled=False):
-            return F.linear(hidden.float(), self.token_embedding.weight.float(), bias)  # (B, L, V)
+    def output_logits(self, hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Tied head in float32 even under autocast: logits feed a softmax / cross-entropy.
 
-    def heads(self, x, c_pair, is_target) -> DiTOutput:
+        ``vocab_ids``: only these ids' logits (..., len(vocab_ids)), e.g. one modality's codes: training
+        reads logits at masked slots of one modality only, where the full head would cost up to 10x more.
+        """
+        weight, bias = self.token_embedding.weight, self.output_bias
+        if vocab_ids is not None:
+            weight = weight.index_select(0, vocab_ids)
+            bias = None if bias is None else bias.index_select(0, vocab_ids)
+        with torch.autocast(hidden.device.type, enabled=False):
+            return F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())  # (..., V)
+
+    def heads(self, x, c_pair, is_target, logits: bool = True) -> DiTOutput:
         hidden = self.final_layer(x, c_pair, is_target)  # (B, L, D)
-        logits = self.output_logits(hidden)  # (B, L, V)
         critic = self.critic_head(hidden).squeeze(-1).float()  # (B, L)
-        return DiTOutput(logits=logits, critic=critic, hidden=hidden)
+        return DiTOutput(logits=self.output_logits(hidden) if logits else None, critic=critic, hidden=hidden)
 
     # ---- entry points ----
 
-    def forward(self, ids, t, segment_ids, positions, is_target, attention_mask=None) -> DiTOutput:
+    def forward(self, ids, t, segment_ids, positions, is_target, attention_mask=None, logits=True) -> DiTOutput:
         """ids/segment_ids (B, L) long, t (B,) mask ratio, positions (B, L, 2), is_target (B, L) bool,
-        attention_mask (B, L) bool, True at real tokens (None: all real)."""
+        attention_mask (B, L) bool, True at real tokens (None: all real). ``logits=False`` skips the
+        vocabulary head (``logits`` is None): a caller that needs logits at a few slots computes them from
+        ``hidden`` with :meth:`output_logits`."""
         attention_mask = self._check_sequence(ids, segment_ids, positions, attention_mask)
         _check_bool("is_target", is_target, ids.shape)
         _check_t(t, ids.shape[0])
-        return self.forward_unchecked(ids, t, segment_ids, positions, is_target, attention_mask)
+        return self.forward_unchecked(ids, t, segment_ids, positions, is_target, attention_mask, logits)
 
-    def forward_unchecked(self, ids, t, segment_ids, positions, is_target, attention_mask) -> DiTOutput:
+    def forward_unchecked(self, ids, t, segment_ids, positions, is_target, attention_mask,
+                          logits: bool = True) -> DiTOutput:
         """:meth:`forward` without its input checks (their data-dependent branches break ``torch.compile``
         graphs); ``attention_mask`` is required."""
         x = self.embed(ids, segment_ids)  # (B, L, D)
@@ -377,7 +386,7 @@ class DiT(ModelMixin, ConfigMixin):
         visible = self._visibility(is_target, attention_mask)  # (B, 1, L, L)
         for block in self.blocks:
             x, _ = block(x, c_pair, is_target, rope, visible)  # (B, L, D)
-        return self.heads(x, c_pair, is_target)
+        return self.heads(x, c_pair, is_target, logits)
 
     def encode_condition(self, ids, segment_ids, positions, attention_mask=None) -> ConditionCache:
         """Run the condition tokens alone (they only see each other) and keep each layer's keys/values."""

@@ -75,7 +75,7 @@ def write_tiny_model(codec_dir, out, task_weights=TASKS, max_text_len=12):
     stack = CodecStack.load(codec_dir, max_text_len=max_text_len, max_audio_len=16)
     model = random_tiny_dit(stack.layout.vocab_size)
     cfg = TrainConfig(preset="tiny", task_weights=dict(task_weights))
-    return write_model_folder(out, model, EMA(model, 0.999), stack, codec_dir, cfg)
+    return write_model_folder(out, model, EMA(model, 0.999), stack.layout, codec_dir, cfg)
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,8 @@ from backbone.dit import DiT, flops_per_token
 from tokenizers_mm.layout import Layout
 from training.schedule import MaskSchedule
 from training.tasks import Task, build_example, collate_examples
-from training.train import length_grouped, step_loss
+from training.objective import LossSpec, TargetVocab
+from training.train import CompiledForward, length_grouped, step_loss
 
 
 @dataclass
@@ -38,6 +39,7 @@ class TrainBenchResult:
     peak_bf16_tflops: float
     mfu: float
     compiled: bool = False
+    sparse: bool = True  # logits only at masked slots, over their modality's ids
 
 
 def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
@@ -55,33 +57,22 @@ def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float
 def synthetic_examples(batch_size: int, seed: int = 0):
     """A realistic mixed batch (scenes-sized text, image and audio) of random ids in the default layout."""
     layout = Layout(text_vocab_size=4096, image_codebook_size=512, audio_codebook_size=512,
-                    audio_frame_rate=15.625, max_text_len=32, max_audio_len=80)
+                    audio_frame_rate=31.25, max_text_len=32, max_audio_len=160)
     rng = np.random.default_rng(seed)
     tasks = [Task.parse(n) for n in ("text->image", "image->text", "text->audio", "audio->text", "->text+image+audio")]
     examples = []
     for i in range(batch_size):
         tokens = {"text": torch.from_numpy(rng.integers(0, 4096, 14)), "image": torch.from_numpy(rng.integers(0, 512, 64)),
-                  "audio": torch.from_numpy(rng.integers(0, 512, 40))}
+                  "audio": torch.from_numpy(rng.integers(0, 512, 70))}
         examples.append(build_example(layout, tokens, tasks[i % len(tasks)]))
     return layout, examples
 
 
-class CompiledForward(torch.nn.Module):
-    """The model with its forward (input checks aside) under ``torch.compile``, for training steps."""
-
-    def __init__(self, model: DiT):
-        super().__init__()
-        self.model = model
-        self._compiled = torch.compile(model.forward_unchecked, dynamic=True)
-
-    def forward(self, ids, t, segment_ids, positions, is_target, attention_mask):
-        return self._compiled(ids, t, segment_ids, positions, is_target, attention_mask)
-
-
 def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf16: bool = True,
-                grad_accum: int = 1, compile: bool = False) -> TrainBenchResult:
+                grad_accum: int = 1, compile: bool = False, sparse: bool = True) -> TrainBenchResult:
     """One optimizer step = ``grad_accum`` length-grouped micro-batches of the ``batch_size`` examples, as the
-    trainer does it. ``compile``: the forward under ``torch.compile`` (its compile time is in the warm-up)."""
+    trainer does it. ``compile``: the forward under ``torch.compile`` (its compile time is in the warm-up).
+    ``sparse``: the loss's logits only where it reads them (False: the whole vocabulary at every position)."""
     layout, examples = synthetic_examples(batch_size)
     batches = [collate_examples(chunk) for chunk in length_grouped(examples, grad_accum)]
     torch.manual_seed(0)
@@ -89,12 +80,13 @@ def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf1
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
     runner = CompiledForward(model) if compile else model
+    spec = LossSpec(TargetVocab(layout) if sparse else None)
 
     def one_step():
         optimizer.zero_grad(set_to_none=True)
         for batch in batches:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss, _ = step_loss(runner, batch, MaskSchedule(), generator)
+                loss, _ = step_loss(runner, batch, MaskSchedule(), generator, spec)
             (loss / len(batches)).backward()
         optimizer.step()
 
@@ -116,16 +108,84 @@ def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf1
     return TrainBenchResult(preset, sum(p.numel() for p in model.parameters()) / 1e6, torch.get_num_threads(),
                             batch_size, grad_accum, seq_len, tokens / padded, bf16, step_s, tokens / step_s,
                             model_flops / 1e12, peak32 / 1e12, peak16 / 1e12,
-                            model_flops / (peak16 if bf16 else peak32), compile)
+                            model_flops / (peak16 if bf16 else peak32), compile, sparse)
 
 
 def format_result(r: TrainBenchResult) -> str:
     return (f"preset={r.preset} ({r.params_m:.1f}M params) threads={r.threads} batch={r.batch_size} "
             f"in {r.grad_accum} micro-batch(es), longest {r.seq_len}, {r.real_token_fraction:.0%} real tokens, "
-            f"bf16={r.bf16} compiled={r.compiled}\n  step {r.step_seconds:.3f} s | {r.tokens_per_s:,.0f} tokens/s | model "
+            f"bf16={r.bf16} compiled={r.compiled} sparse={r.sparse}\n  step {r.step_seconds:.3f} s | {r.tokens_per_s:,.0f} tokens/s | model "
             f"{r.model_tflops * 1000:.1f} GFLOP/s | peak fp32 {r.peak_fp32_tflops * 1000:.1f} / bf16 "
             f"{r.peak_bf16_tflops * 1000:.1f} GFLOP/s | MFU {r.mfu:.1%}")
 
 
 def result_dict(r: TrainBenchResult) -> dict:
     return asdict(r)
+
+
+def device_peak(device: str, dtype: torch.dtype, size: int | None = None, repeats: int = 10) -> float:
+    """Best-of FLOP/s of a square matmul on ``device`` (on CUDA, 8192-wide and synchronised)."""
+    if device != "cuda":
+        return matmul_peak(dtype, size or 2048, repeats=min(repeats, 5))
+    size = size or 8192
+    a = torch.randn(size, size, dtype=dtype, device="cuda")
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ a
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def summarize_run(run_dir, skip: int = 30) -> dict:
+    """Throughput of a finished run from its history (steps after the first ``skip``: compilation and warm-up
+    excluded) and its MFU against this machine's measured matmul peak in the run's precision."""
+    import json
+    from pathlib import Path
+
+    run_dir = Path(run_dir)
+    history = json.loads((run_dir / "history.json").read_text())
+    config = json.loads((run_dir / "model" / "backbone" / "config.json").read_text())
+    training = json.loads((run_dir / "model" / "training_config.json").read_text())
+    timed = [h for h in history if "tokens_per_s" in h][skip:] or [h for h in history if "tokens_per_s" in h]
+    tokens_per_s = float(np.median([h["tokens_per_s"] for h in timed]))
+    per_example = float(np.median([h["tokens_per_example"] for h in timed]))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    from training.hardware import use_bf16
+
+    bf16 = use_bf16(training.get("bf16"), device)[0]
+    peak = device_peak(device, torch.bfloat16 if bf16 else torch.float32)
+    model_flops = 3 * flops_per_token(config, round(per_example)) * tokens_per_s
+    return {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "steps": history[-1]["step"],
+            "timed_steps": len(timed), "tokens_per_s": tokens_per_s, "tokens_per_example": per_example,
+            "examples_per_s": tokens_per_s / per_example, "model_tflops": model_flops / 1e12,
+            "peak_tflops": peak / 1e12, "peak_dtype": "bf16" if bf16 else "fp32", "mfu": model_flops / peak,
+            "final_val": history[-1].get("val") or next((h["val"] for h in reversed(history) if h.get("val")), None)}
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m training.bench", description="training benchmarks")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    summary = sub.add_parser("summarize", help="tokens/s and MFU of a finished run (its history.json)")
+    summary.add_argument("run", help="the run folder (--out of the training command)")
+    summary.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    result = summarize_run(args.run)
+    print(f"run {args.run}: {result['steps']} steps on {result['device']}, {result['tokens_per_s']:,.0f} tokens/s "
+          f"({result['examples_per_s']:,.0f} examples/s), model {result['model_tflops']:.2f} TFLOP/s, peak "
+          f"{result['peak_tflops']:.2f} ({result['peak_dtype']}), MFU {result['mfu']:.1%}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,7 +1,12 @@
 """The single training objective: mask target tokens at a random ratio, predict them.
 
 One loss for every modality and every direction: cross-entropy on the masked positions, weighted by
-``1 / t`` and averaged over each sample's maskable positions (a per-token ELBO, as in MDLM and LLaDA).
+``1 / t`` (the ELBO of MDLM and LLaDA; :data:`WEIGHTINGS` has the alternatives a recipe can choose) and
+divided by each sample's real target tokens (:data:`NORMALISERS`).
+
+:func:`sparse_diffusion_loss` is what training runs: logits only at the masked slots, and each slot's only
+over the ids its modality may hold (``Layout.allowed_ids``, what the sampler draws from), so an image or
+audio slot costs 514 logits instead of the whole shared vocabulary.
 
 The autoregressive twin (``unimodal train --objective ar``), the baseline the diffusion model is measured
 against, uses :func:`next_token_loss` instead: the same targets, each predicted from the tokens before it.
@@ -14,8 +19,27 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tokenizers_mm.layout import MASK
+from tokenizers_mm.layout import MASK, MODALITIES, PAD, SEGMENT_IDS, Layout
 from training.schedule import MaskSchedule
+
+# Per-token weight of a masked token's cross-entropy at mask ratio t.
+WEIGHTINGS = ("elbo", "clipped", "flat")  # 1/t; 1/max(t, CLIP_RATIO) (bounded variance); 1
+CLIP_RATIO = 0.1
+# What each sample's weighted sum is divided by: its real target tokens (content and END: a caption of 6 words
+# counts 7, not its 33 slots, so short targets get as much gradient per token as in the AR twin), or every
+# maskable slot (PAD filler included: the first recipe).
+NORMALISERS = ("real", "maskable")
+
+
+def token_weight(t: torch.Tensor, weighting: str) -> torch.Tensor:
+    """(B,) weight of each sample's masked-token cross-entropy."""
+    if weighting == "elbo":
+        return MaskSchedule.weight(t)
+    if weighting == "clipped":
+        return 1.0 / t.clamp_min(CLIP_RATIO)
+    if weighting == "flat":
+        return torch.ones_like(t)
+    raise ValueError(f"loss weighting must be one of {WEIGHTINGS}, got {weighting!r}")
 
 
 @dataclass
@@ -38,12 +62,81 @@ def mask_targets(ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor,
     return MaskedBatch(noisy, ids, masked, maskable, t)
 
 
-def masked_diffusion_loss(logits: torch.Tensor, batch: MaskedBatch) -> torch.Tensor:
-    """Per-sample ELBO: sum over masked positions of CE / t, divided by the sample's maskable count; mean over
-    the batch. ``logits`` (B, L, V)."""
+def normaliser(batch: MaskedBatch, normalise: str) -> torch.Tensor:
+    """(B,) what each sample's weighted cross-entropy sum is divided by (see :data:`NORMALISERS`)."""
+    if normalise == "real":
+        return (batch.maskable & (batch.targets != PAD)).sum(dim=1).clamp_min(1)
+    if normalise == "maskable":
+        return batch.maskable.sum(dim=1).clamp_min(1)
+    raise ValueError(f"loss normalisation must be one of {NORMALISERS}, got {normalise!r}")
+
+
+def masked_diffusion_loss(logits: torch.Tensor, batch: MaskedBatch, weighting: str = "elbo",
+                          normalise: str = "maskable") -> torch.Tensor:
+    """Per-sample sum over masked positions of CE x weight(t), divided by the sample's normaliser; mean over
+    the batch. ``logits`` (B, L, V) over the whole vocabulary (the reference form of the sparse loss)."""
     ce = F.cross_entropy(logits.float().transpose(1, 2), batch.targets, reduction="none")  # (B, L)
-    per_sample = (ce * batch.masked).sum(dim=1) * MaskSchedule.weight(batch.t)  # (B,)
-    return (per_sample / batch.maskable.sum(dim=1).clamp_min(1)).mean()
+    per_sample = (ce * batch.masked).sum(dim=1) * token_weight(batch.t, weighting)  # (B,)
+    return (per_sample / normaliser(batch, normalise)).mean()
+
+
+class TargetVocab:
+    """Per modality, the ids its slots may hold (``Layout.allowed_ids``) and each id's index among them."""
+
+    def __init__(self, layout: Layout):
+        self.ids, self.index = {}, {}
+        for modality in MODALITIES:
+            allowed = layout.allowed_ids(modality)
+            self.ids[SEGMENT_IDS[modality]] = allowed.nonzero().squeeze(1)  # (V_m,)
+            index = torch.full((layout.vocab_size,), -1, dtype=torch.long)
+            index[allowed] = torch.arange(int(allowed.sum()))
+            self.index[SEGMENT_IDS[modality]] = index  # (V,) -1 where the modality cannot hold the id
+
+    def to(self, device) -> "TargetVocab":
+        moved = object.__new__(TargetVocab)
+        moved.ids = {k: v.to(device) for k, v in self.ids.items()}
+        moved.index = {k: v.to(device) for k, v in self.index.items()}
+        return moved
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """How a step's diffusion loss is computed: the recipe's weighting and normalisation, and ``vocab`` for the
+    sparse head (None: logits over the whole vocabulary at every position, the reference form)."""
+
+    vocab: TargetVocab | None = None
+    weighting: str = "elbo"
+    normalise: str = "real"
+
+    def __post_init__(self):
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"loss weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
+        if self.normalise not in NORMALISERS:
+            raise ValueError(f"loss normalisation must be one of {NORMALISERS}, got {self.normalise!r}")
+
+
+def sparse_diffusion_loss(head, hidden: torch.Tensor, segment_ids: torch.Tensor, batch: MaskedBatch,
+                          vocab: TargetVocab, weighting: str = "elbo",
+                          normalise: str = "real") -> tuple[torch.Tensor, torch.Tensor]:
+    """The diffusion loss from final hidden states (B, L, D): logits only at masked slots, over their
+    modality's ids (``head(hidden_rows, vocab_ids) -> logits``, the model's tied output head).
+
+    Returns (loss, masked-token accuracy). Equals :func:`masked_diffusion_loss` on logits restricted to each
+    slot's allowed ids (the distribution the sampler draws from)."""
+    per_sample = torch.zeros(hidden.shape[0], device=hidden.device)  # (B,)
+    right, count = hidden.new_zeros((), dtype=torch.float32), 0
+    for segment, vocab_ids in vocab.ids.items():
+        rows, cols = (batch.masked & (segment_ids == segment)).nonzero(as_tuple=True)  # (N,) x2
+        if rows.numel() == 0:
+            continue
+        logits = head(hidden[rows, cols], vocab_ids)  # (N, V_m)
+        local = vocab.index[segment][batch.targets[rows, cols]]  # (N,)
+        ce = F.cross_entropy(logits, local, reduction="none")  # (N,) float32
+        per_sample = per_sample.index_add(0, rows, ce)
+        right = right + (logits.argmax(dim=-1) == local).sum()
+        count += rows.numel()
+    per_sample = per_sample * token_weight(batch.t, weighting)
+    return (per_sample / normaliser(batch, normalise)).mean(), right / max(count, 1)
 
 
 def masked_token_accuracy(logits: torch.Tensor, batch: MaskedBatch) -> torch.Tensor:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,15 +25,14 @@ from tqdm.auto import tqdm
 
 from backbone.dit import DiT
 from training.checkpoint import resumed_config, save_atomic
-from training.objective import (mask_targets, masked_diffusion_loss, masked_token_accuracy, next_token_accuracy,
-                                next_token_loss)
+from training.objective import (NORMALISERS, WEIGHTINGS, LossSpec, TargetVocab, mask_targets, masked_diffusion_loss,
+                                masked_token_accuracy, next_token_accuracy, next_token_loss, sparse_diffusion_loss)
 from training.optim import warmup_cosine
 from training.schedule import MaskSchedule
 from training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, TaskMixture, build_example, collate_examples
 from training.tokens import MAX_AUDIO_SECONDS
 from unimodal.errors import InputError
 
-_current_step = -1
 OBJECTIVES = ("diffusion", "ar")  # masked diffusion (the model) or next-token prediction (its autoregressive twin)
 VAL_RATIOS = (0.15, 0.35, 0.55, 0.75, 0.95)  # fixed mask ratios of the validation loss (low variance)
 
@@ -50,7 +50,10 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     ema_decay: float = 0.999
-    bf16: bool = True
+    bf16: bool | None = None  # None: bf16 autocast where the hardware multiplies bf16 natively (training.hardware)
+    loss_weighting: str = "elbo"  # training.objective.WEIGHTINGS
+    loss_norm: str = "real"  # training.objective.NORMALISERS
+    sparse_head: bool = True  # logits only at masked slots, over their modality's ids (False: the first recipe)
     task_weights: dict = field(default_factory=lambda: dict(DEFAULT_TASK_WEIGHTS))
     cond_drop: float = 0.1
     val_every: int = 200
@@ -71,6 +74,12 @@ class TrainConfig:
             raise InputError(f"max_audio_seconds must be a positive number of seconds, got {self.max_audio_seconds!r}")
         if self.train_subset is not None and self.train_subset < 1:
             raise InputError(f"train_subset must be a positive number of samples, got {self.train_subset}")
+        if self.loss_weighting not in WEIGHTINGS or self.loss_norm not in NORMALISERS:
+            raise InputError(f"loss weighting must be one of {WEIGHTINGS} and normalisation one of {NORMALISERS}, "
+                             f"got {self.loss_weighting!r} and {self.loss_norm!r}")
+
+    def loss_spec(self, layout) -> LossSpec:
+        return LossSpec(TargetVocab(layout) if self.sparse_head else None, self.loss_weighting, self.loss_norm)
 
     @property
     def autoregressive(self) -> bool:
@@ -116,22 +125,73 @@ def global_batch_indices(n: int, cfg: TrainConfig, step: int) -> np.ndarray:
     return np.asarray(out)
 
 
+def unwrapped(model) -> DiT:
+    """The DiT inside a DDP / compiled / :class:`CompiledForward` wrapper (its output head is needed outside
+    ``forward``)."""
+    while not isinstance(model, DiT):
+        model = getattr(model, "module", None) or getattr(model, "_orig_mod", None) or model.model
+    return model
+
+
 def step_loss(model, batch: ExampleBatch, schedule: MaskSchedule, generator: torch.Generator,
-              t: torch.Tensor | None = None):
-    """Mask, forward, loss. Returns (loss, masked-token accuracy)."""
+              spec: LossSpec = LossSpec(), t: torch.Tensor | None = None):
+    """Mask, forward, loss. Returns (loss, masked-token accuracy). With ``spec.vocab`` the forward skips the
+    vocabulary head and logits are computed only at masked slots, over their modality's ids."""
     b = batch.batch
     t = schedule.sample(b.ids.shape[0], generator) if t is None else t
     masked = mask_targets(b.ids, batch.maskable, t, generator)
     device = next(model.parameters()).device
-    out = model(masked.noisy_ids.to(device), t.to(device), b.segment_ids.to(device), b.positions.to(device),
-                batch.is_target.to(device), b.attention_mask.to(device))
+    segment_ids = b.segment_ids.to(device, non_blocking=True)
+    out = model(masked.noisy_ids.to(device), t.to(device), segment_ids, b.positions.to(device),
+                batch.is_target.to(device), b.attention_mask.to(device), logits=spec.vocab is None)
     masked_on_device = type(masked)(*(x.to(device) for x in (masked.noisy_ids, masked.targets, masked.masked,
                                                                   masked.maskable, masked.t)))
-    loss = masked_diffusion_loss(out.logits, masked_on_device)
+    if spec.vocab is None:
+        loss = masked_diffusion_loss(out.logits, masked_on_device, spec.weighting, spec.normalise)
+        acc = masked_token_accuracy(out.logits, masked_on_device)
+    else:
+        loss, acc = sparse_diffusion_loss(unwrapped(model).output_logits, out.hidden, segment_ids,
+                                          masked_on_device, spec.vocab, spec.weighting, spec.normalise)
     # The critic head is trained by the critique objective; until then it takes part with weight 0 so that
     # every parameter has a gradient (DDP requires it) without changing the loss.
-    loss = loss + 0.0 * out.critic.mean()
-    return loss, masked_token_accuracy(out.logits, masked_on_device)
+    return loss + 0.0 * out.critic.mean(), acc
+
+
+class StepBatches(torch.utils.data.IterableDataset):
+    """The micro-batches of steps ``start..stop-1``, each a pure function of (seed, step, rank) as the trainer
+    draws them, so they can be built in DataLoader workers (a GPU step is faster than building its batch in
+    Python) in exactly the order and content of the single-process loop. Yields (step, generator seed,
+    micro-batches)."""
+
+    def __init__(self, layout, tokens: list[dict], cfg: "TrainConfig", start: int, stop: int, rank: int, world: int):
+        super().__init__()
+        self.layout, self.tokens, self.cfg = layout, tokens, cfg
+        self.start, self.stop, self.rank, self.world = start, stop, rank, world
+        self.mixture = TaskMixture(cfg.task_weights, cfg.cond_drop)
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        for step in range(self.start + worker, self.stop, workers):  # the DataLoader takes workers in turn
+            yield self.batches(step)
+
+    def batches(self, step: int):
+        cfg = self.cfg
+        rng = np.random.default_rng([cfg.seed, step, self.rank])
+        generator_seed = int(rng.integers(2**62))
+        mine = global_batch_indices(len(self.tokens), cfg, step)[self.rank::self.world]
+        examples = make_examples(self.layout, self.tokens, self.mixture, mine, rng, pad_targets=not cfg.autoregressive)
+        return step, generator_seed, [collate_examples(chunk) for chunk in length_grouped(examples, cfg.grad_accum)]
+
+
+def step_batches(layout, tokens, cfg, start: int, rank: int, world: int, workers: int):
+    """Iterator over :class:`StepBatches` up to ``cfg.steps``; ``workers`` > 0 builds them in subprocesses."""
+    dataset = StepBatches(layout, tokens, cfg, start, cfg.steps, rank, world)
+    if workers == 0:
+        return iter(dataset)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers, prefetch_factor=4,
+                                         persistent_workers=False, collate_fn=lambda x: x)
+    return iter(loader)
 
 
 def ar_step_loss(model, batch: ExampleBatch):
@@ -147,8 +207,24 @@ def ar_step_loss(model, batch: ExampleBatch):
 
 
 def objective_loss(model, batch: ExampleBatch, cfg: "TrainConfig", schedule: MaskSchedule,
-                   generator: torch.Generator):
-    return ar_step_loss(model, batch) if cfg.autoregressive else step_loss(model, batch, schedule, generator)
+                   generator: torch.Generator, spec: LossSpec):
+    return ar_step_loss(model, batch) if cfg.autoregressive else step_loss(model, batch, schedule, generator, spec)
+
+
+class CompiledForward(torch.nn.Module):
+    """The model with its forward (input checks aside) under ``torch.compile``, for training steps."""
+
+    def __init__(self, model: DiT):
+        super().__init__()
+        self.model = model
+        self._compiled = torch.compile(model.forward_unchecked, dynamic=True)
+        if next(model.parameters()).is_cuda:  # a compiler failure falls back to eager instead of ending a GPU run
+            import torch._dynamo
+
+            torch._dynamo.config.suppress_errors = True
+
+    def forward(self, ids, t, segment_ids, positions, is_target, attention_mask, logits=True):
+        return self._compiled(ids, t, segment_ids, positions, is_target, attention_mask, logits)
 
 
 class EMA:
@@ -157,6 +233,9 @@ class EMA:
     def __init__(self, model: torch.nn.Module, decay: float):
         self.decay = decay
         self.shadow = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
+
+    def to(self, device) -> None:
+        self.shadow = {k: v.to(device) for k, v in self.shadow.items()}
 
     @torch.no_grad()
     def update(self, model: torch.nn.Module, step: int) -> None:
@@ -168,8 +247,15 @@ class EMA:
                 self.shadow[key].copy_(value)
 
 
+def validation_spec(layout) -> LossSpec:
+    """The validation loss is the ELBO per real target token whatever the recipe trains with, so runs with
+    different weightings stay comparable."""
+    return LossSpec(TargetVocab(layout), "elbo", "real")
+
+
 @torch.no_grad()
-def validation_losses(model, layout, tokens: list[dict], mixture: TaskMixture, cfg: TrainConfig) -> dict[str, float]:
+def validation_losses(model, layout, tokens: list[dict], mixture: TaskMixture, cfg: TrainConfig,
+                      spec: LossSpec | None = None) -> dict[str, float]:
     """Loss per task on the first ``val_samples`` validation samples, at fixed mask ratios and masks."""
     was_training = model.training
     model.eval()
@@ -187,7 +273,7 @@ def validation_losses(model, layout, tokens: list[dict], mixture: TaskMixture, c
         for i, ratio in enumerate(VAL_RATIOS):
             generator = torch.Generator().manual_seed(1000 + i)
             t = torch.full((len(samples),), ratio)
-            loss, _ = step_loss(model, batch, MaskSchedule(), generator, t=t)
+            loss, _ = step_loss(model, batch, MaskSchedule(), generator, spec or validation_spec(layout), t=t)
             total += float(loss)
         losses[task.name] = total / len(VAL_RATIOS)
     model.train(was_training)
@@ -248,19 +334,27 @@ def resolve_data(names: list[str] | tuple[str, ...]) -> list[Path]:
     return dirs
 
 
-def write_model_folder(directory: Path, model: DiT, ema: EMA, stack, codec_dir: Path, cfg: TrainConfig) -> Path:
-    """A self-describing model folder: backbone (EMA weights), layout.json, the three codecs, the config."""
+def write_model_folder(directory: Path, model: DiT, ema: EMA, layout, codec_dir: Path | None, cfg: TrainConfig,
+                       shard_mb: int | None = None, half: bool = False) -> Path:
+    """A self-describing model folder: backbone (EMA weights), layout.json, the three codecs, the config.
+
+    ``codec_dir`` None (a run on a pack, e.g. on a GPU machine without the codecs): the folder has no codecs
+    yet; ``unimodal export-model --codecs`` adds them. ``shard_mb``/``half``: safetensors shards of at most
+    that many MB, float16 (what comes back from a GPU machine, whose files are limited to 16 MiB each)."""
     import shutil
 
     directory.mkdir(parents=True, exist_ok=True)
     shipped = DiT.from_config(model.config)
     shipped.load_state_dict({k: v.to(shipped.state_dict()[k].dtype) for k, v in ema.shadow.items()})
-    shipped.save_pretrained(directory / "backbone")
-    stack.layout.save(directory)
-    from training.tokens import CODEC_MODALITIES, codec_folder
+    if half:
+        shipped.half()
+    shipped.save_pretrained(directory / "backbone", **({"max_shard_size": f"{shard_mb}MB"} if shard_mb else {}))
+    layout.save(directory)
+    if codec_dir is not None:
+        from training.tokens import CODEC_MODALITIES, codec_folder
 
-    for modality in CODEC_MODALITIES:
-        shutil.copytree(codec_folder(codec_dir, modality), directory / modality, dirs_exist_ok=True)
+        for modality in CODEC_MODALITIES:
+            shutil.copytree(codec_folder(codec_dir, modality), directory / modality, dirs_exist_ok=True)
     with open(directory / "training_config.json", "w") as f:
         json.dump(asdict(cfg), f, indent=2)
     return directory
@@ -305,95 +399,215 @@ def _load_tokens(stack, codec_dir, data_dirs, split, progress):
     return tokens
 
 
-def train(out_dir: str | Path, data: list[str], codec_dir: str | Path, cfg: TrainConfig | None = None,
-          resume: bool = False, progress: bool = True) -> Path:
-    """Train (or resume) a model; returns the folder of the trained model (``OUT/model``)."""
-    from accelerate import Accelerator
+@dataclass
+class RunData:
+    """What a run trains on: the layout, the training and validation ids, and the codecs when it has them."""
 
+    layout: object
+    train: list[dict]
+    val: list[dict]
+    codec_dir: Path | None
+    sources: list[str]
+    fingerprint: str | None = None
+
+
+def load_run_data(data: list[str], codec_dir, cfg: TrainConfig, accelerator, progress: bool) -> RunData:
+    """Ids from one pack (no codecs needed), or encoded from data sets with the codecs (token cache)."""
+    from training.pack import is_pack, load_pack
+
+    if any(is_pack(d) for d in data):
+        if len(data) != 1:
+            raise InputError(f"--data: a pack holds a whole training set; give it alone, got {data}")
+        pack = load_pack(data[0])
+        return RunData(pack.layout, pack.splits["train"], pack.splits.get("val", []), None, [str(data[0])],
+                       pack.fingerprint)
     from training.tokens import CodecStack
 
-    out_dir, codec_dir = Path(out_dir), Path(codec_dir)
-    ckpt_path = out_dir / "checkpoint.pt"
-    cfg, state = resumed_config(TrainConfig, cfg, ckpt_path, resume)
+    codec_dir = Path(codec_dir)
+    stack = CodecStack.load(codec_dir, max_audio_seconds=cfg.max_audio_seconds)
+    data_dirs = resolve_data(data)
+    with accelerator.main_process_first():
+        show = progress and accelerator.is_main_process
+        train_tokens = _load_tokens(stack, codec_dir, data_dirs, "train", show)
+        val_tokens = _load_tokens(stack, codec_dir, data_dirs, "val", show)
+    return RunData(stack.layout, train_tokens, val_tokens, codec_dir, [str(d) for d in data_dirs])
+
+
+@dataclass
+class RunOptions:
+    """How a run executes, not what it learns (not saved in the checkpoint's config): device, precision is in
+    the config; ``compile`` None means on CUDA only; ``max_minutes``: stop cleanly (checkpoint and EMA model
+    saved) before this wall-clock budget ends; ``shard_mb``/``half`` for the model folder."""
+
+    device: str = "auto"
+    compile: bool | None = None
+    max_minutes: float | None = None
+    shard_mb: int | None = None
+    half: bool = False
+    workers: int | None = None  # DataLoader workers building batches (None: 0 on the CPU, up to 8 on a GPU)
+    fit_steps: bool = False  # with max_minutes: set the total steps (and so the cosine schedule) to what fits
+
+
+FIT_AFTER_STEPS = 30  # steps timed (compilation included in the first) before --fit-steps sets the total
+
+
+SAVE_RESERVE_S = 30.0  # kept free at the end of a --max-minutes budget for validation and saving
+
+
+class Deadline:
+    """Stops a run before ``minutes`` of wall clock are spent, leaving room for its next step and the save."""
+
+    def __init__(self, minutes: float | None):
+        self.end = None if minutes is None else time.monotonic() + 60.0 * minutes
+        self.slowest = 0.0
+
+    def step_took(self, seconds: float) -> None:
+        self.slowest = max(self.slowest, seconds)
+
+    def reached(self) -> bool:
+        return self.end is not None and time.monotonic() + 2 * self.slowest + SAVE_RESERVE_S >= self.end
+
+
+def _accelerator(cfg: TrainConfig, options: RunOptions, progress: bool):
+    from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
+    from training.hardware import resolve_device, use_bf16
+
+    device = resolve_device(options.device)
+    bf16, why = use_bf16(cfg.bf16, device)
     # accelerate keeps its settings in a per-process singleton; a second run in the same process (a notebook,
     # a test) with another precision must start from fresh settings. The distributed set-up is kept.
     AcceleratorState._reset_state()
-    accelerator = Accelerator(mixed_precision="bf16" if cfg.bf16 else "no", gradient_accumulation_steps=cfg.grad_accum)
+    accelerator = Accelerator(mixed_precision="bf16" if bf16 else "no", gradient_accumulation_steps=cfg.grad_accum,
+                              cpu=device == "cpu")
+    if progress and accelerator.is_main_process:
+        print(f"device {accelerator.device}, {'bf16 autocast' if bf16 else 'float32'} ({why})", flush=True)
+    return accelerator
+
+
+def _optimizer(model: DiT, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    fused = {"fused": True} if device.type == "cuda" else {}  # one kernel for all parameters on a GPU
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay,
+                             **fused)
+
+
+def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cfg: TrainConfig | None = None,
+          resume: bool = False, progress: bool = True, options: RunOptions | None = None) -> Path:
+    """Train (or resume) a model; returns the folder of the trained model (``OUT/model``)."""
+    out_dir, options = Path(out_dir), options or RunOptions()
+    ckpt_path = out_dir / "checkpoint.pt"
+    cfg, state = resumed_config(TrainConfig, cfg, ckpt_path, resume)
+    deadline = Deadline(options.max_minutes)
+    accelerator = _accelerator(cfg, options, progress)
     world, rank = accelerator.num_processes, accelerator.process_index
     if cfg.batch_size % (world * cfg.grad_accum):
         raise InputError(f"batch size {cfg.batch_size} must divide evenly over {world} processes x "
                          f"{cfg.grad_accum} accumulation steps")
-    stack = CodecStack.load(codec_dir, max_audio_seconds=cfg.max_audio_seconds)
-    data_dirs = resolve_data(data)
-    with accelerator.main_process_first():
-        train_tokens = _load_tokens(stack, codec_dir, data_dirs, "train", progress and accelerator.is_main_process)
-        val_tokens = _load_tokens(stack, codec_dir, data_dirs, "val", progress and accelerator.is_main_process)
+    run = load_run_data(data, codec_dir, cfg, accelerator, progress)
+    train_tokens = run.train
     if cfg.train_subset is not None:
         if cfg.train_subset > len(train_tokens):
             raise InputError(f"train_subset {cfg.train_subset} is more than the {len(train_tokens)} training samples")
         train_tokens = train_tokens[:cfg.train_subset]
     torch.manual_seed(cfg.seed)
-    model = DiT.from_preset(cfg.preset, stack.layout.vocab_size, **{**cfg.model_overrides,
-                                                                    "causal": cfg.autoregressive})
+    model = DiT.from_preset(cfg.preset, run.layout.vocab_size, **{**cfg.model_overrides,
+                                                                  "causal": cfg.autoregressive})
     if cfg.init_from and state is None:
-        load_initial_weights(model, cfg.init_from, stack.layout, log=accelerator.is_main_process and progress)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+        load_initial_weights(model, cfg.init_from, run.layout, log=accelerator.is_main_process and progress)
+    optimizer = _optimizer(model, cfg, accelerator.device)
     ema, history, start = EMA(model, cfg.ema_decay), [], 0
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         ema.shadow, history, start = state["ema"], state["history"], state["step"]
-    model, optimizer = accelerator.prepare(model, optimizer)
+    compiled = options.compile if options.compile is not None else accelerator.device.type == "cuda"
+    model.to(accelerator.device)
+    runner, optimizer = accelerator.prepare(CompiledForward(model) if compiled else model, optimizer)
+    ema.to(accelerator.device)
     mixture, schedule = TaskMixture(cfg.task_weights, cfg.cond_drop), MaskSchedule()
-    bar = tqdm(range(start, cfg.steps), total=cfg.steps, initial=start, desc="train",
-               disable=not (progress and accelerator.is_main_process))
-    model.train()
-    global _current_step
-    for step in bar:
-        _current_step = step  # read by tests that emulate a kill mid-run
+    spec = cfg.loss_spec(run.layout)
+    spec = LossSpec(spec.vocab and spec.vocab.to(accelerator.device), spec.weighting, spec.normalise)
+    val_spec = validation_spec(run.layout)
+    val_spec = LossSpec(val_spec.vocab.to(accelerator.device), val_spec.weighting, val_spec.normalise)
+    workers = options.workers if options.workers is not None else (
+        min(8, max(0, (os.cpu_count() or 1) - 2)) if accelerator.device.type == "cuda" else 0)
+    bar = tqdm(total=cfg.steps, initial=start, desc="train", disable=not (progress and accelerator.is_main_process))
+    runner.train()
+    step_times: list[float] = []
+    for step, generator_seed, chunks in step_batches(run.layout, train_tokens, cfg, start, rank, world, workers):
+        if step >= cfg.steps:  # --fit-steps shortened the run below what the loader was asked for
+            break
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * lr_factor(cfg, step)
-        rng = np.random.default_rng([cfg.seed, step, rank])
-        generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
-        mine = global_batch_indices(len(train_tokens), cfg, step)[rank::world]
-        t0, tokens_seen, losses = time.perf_counter(), 0, []
-        examples = make_examples(stack.layout, train_tokens, mixture, mine, rng, pad_targets=not cfg.autoregressive)
-        for chunk in length_grouped(examples, cfg.grad_accum):
-            batch = collate_examples(chunk)
+        generator = torch.Generator().manual_seed(generator_seed)
+        t0, tokens_seen, examples, losses = time.perf_counter(), 0, 0, []
+        for batch in chunks:
             tokens_seen += int(batch.batch.attention_mask.sum())
-            with accelerator.accumulate(model):
-                loss, acc = objective_loss(model, batch, cfg, schedule, generator)
+            examples += len(batch.tasks)
+            with accelerator.accumulate(runner):
+                loss, acc = objective_loss(runner, batch, cfg, schedule, generator, spec)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and cfg.grad_clip:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                    accelerator.clip_grad_norm_(runner.parameters(), cfg.grad_clip)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-            losses.append(float(loss.detach()))
-        ema.update(accelerator.unwrap_model(model), step)
-        record = {"step": step + 1, "train_loss": float(np.mean(losses)), "lr": cfg.lr * lr_factor(cfg, step)}
+            losses.append(loss.detach())
+        ema.update(model, step)
+        step_seconds = time.perf_counter() - t0
+        deadline.step_took(step_seconds)
+        step_times.append(step_seconds)
+        if options.fit_steps and len(step_times) == FIT_AFTER_STEPS and deadline.end is not None:
+            cfg.steps = fitted_steps(step + 1, step_times, deadline, cfg.steps)
+            bar.total = cfg.steps
+            if progress and accelerator.is_main_process:
+                print(f"\n--fit-steps: {cfg.steps} steps fit the budget (median step "
+                      f"{float(np.median(step_times[-10:])):.3f} s)", flush=True)
+        stopping = deadline.reached() and step + 1 < cfg.steps
+        record = {"step": step + 1, "train_loss": float(torch.stack(losses).mean()), "lr": cfg.lr * lr_factor(cfg, step),
+                  "tokens_per_s": tokens_seen * world / step_seconds, "tokens_per_example": tokens_seen / examples}
+        bar.update(1)
         bar.set_postfix(loss=f"{record['train_loss']:.3f}", acc=f"{float(acc):.2f}",
-                        tok_s=f"{tokens_seen * world / (time.perf_counter() - t0):.0f}")
-        if (step + 1) % cfg.val_every == 0 or step + 1 == cfg.steps:
-            record["val"] = validation_losses(model, stack.layout, val_tokens, mixture, cfg)
+                        tok_s=f"{record['tokens_per_s']:.0f}")
+        if (step + 1) % cfg.val_every == 0 or step + 1 == cfg.steps or stopping:
+            record["val"] = validation_losses(model, run.layout, run.val, mixture, cfg, val_spec)
         history.append(record)
         if accelerator.is_main_process and step + 1 in cfg.snapshots:
-            write_model_folder(out_dir / f"model-step{step + 1}", accelerator.unwrap_model(model), ema, stack,
-                               codec_dir, cfg)
-        if accelerator.is_main_process and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
-            save_atomic({"config": asdict(cfg), "model": accelerator.unwrap_model(model).state_dict(),
-                         "optimizer": optimizer.state_dict(), "ema": ema.shadow, "history": history,
-                         "step": step + 1, "data": [str(d) for d in data_dirs], "codecs": str(codec_dir)}, ckpt_path)
+            write_model_folder(out_dir / f"model-step{step + 1}", model, ema, run.layout, run.codec_dir, cfg)
+        if accelerator.is_main_process and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps
+                                            or stopping):
+            _save_checkpoint(ckpt_path, cfg, model, optimizer, ema, history, step + 1, run)
             write_history(out_dir, history, cfg.objective)
+        if stopping:
+            if progress and accelerator.is_main_process:
+                print(f"\nstopping at step {step + 1} of {cfg.steps}: the --max-minutes {options.max_minutes} "
+                      f"budget is nearly spent (resume with --resume)", flush=True)
+            break
+    bar.close()
     accelerator.wait_for_everyone()
     checksums = replica_checksums(accelerator, model)
     if accelerator.is_main_process:
         with open(out_dir / "replica_checksums.json", "w") as f:
             json.dump(checksums, f)
-        write_model_folder(out_dir / "model", accelerator.unwrap_model(model), ema, stack, codec_dir, cfg)
+        write_model_folder(out_dir / "model", model, ema, run.layout, run.codec_dir, cfg, options.shard_mb,
+                           options.half)
         write_history(out_dir, history, cfg.objective)
     return out_dir / "model"
+
+
+def fitted_steps(done: int, step_times: list[float], deadline: Deadline, asked: int) -> int:
+    """The total steps that fit a budget: those done, plus what the time left holds at the recent median
+    step time, less the save reserve; never more than ``asked``."""
+    median = float(np.median(step_times[-10:]))
+    left = deadline.end - time.monotonic() - SAVE_RESERVE_S - 2 * median
+    return max(done + 1, min(asked, done + int(0.97 * left / median)))
+
+
+def _save_checkpoint(path: Path, cfg, model, optimizer, ema, history, step: int, run: RunData) -> None:
+    save_atomic({"config": asdict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "ema": ema.shadow, "history": history, "step": step, "data": run.sources,
+                 "codecs": None if run.codec_dir is None else str(run.codec_dir),
+                 "codec_fingerprint": run.fingerprint}, path)
 
 
 def replica_checksums(accelerator, model) -> list[float]:
@@ -421,7 +635,30 @@ def add_arguments(parser) -> None:
     parser.add_argument("--lr", type=float, default=TrainConfig.lr)
     parser.add_argument("--val-every", type=int, default=TrainConfig.val_every)
     parser.add_argument("--checkpoint-every", type=int, default=TrainConfig.checkpoint_every)
-    parser.add_argument("--no-bf16", action="store_true", help="train in float32")
+    precision = parser.add_mutually_exclusive_group()
+    precision.add_argument("--bf16", dest="bf16", action="store_true", default=None,
+                           help="bf16 autocast (default: where the hardware multiplies bf16 natively)")
+    precision.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in float32")
+    parser.add_argument("--loss-weighting", choices=WEIGHTINGS, default=TrainConfig.loss_weighting,
+                        help="weight of a masked token's cross-entropy at mask ratio t: elbo 1/t, clipped "
+                             "1/max(t, 0.1), flat 1")
+    parser.add_argument("--loss-norm", choices=NORMALISERS, default=TrainConfig.loss_norm,
+                        help="divide each sample's loss by its real target tokens or by all its maskable slots")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when there is a GPU), cpu or cuda")
+    parser.add_argument("--compile", dest="compile", action="store_true", default=None,
+                        help="run the forward under torch.compile (default: on CUDA only)")
+    parser.add_argument("--no-compile", dest="compile", action="store_false")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="stop cleanly before this many minutes of wall clock (checkpoint and EMA model "
+                             "saved; continue with --resume)")
+    parser.add_argument("--shard-mb", type=int, default=None,
+                        help="save the model's weights as safetensors shards of at most this many MB")
+    parser.add_argument("--half-weights", action="store_true", help="save the model's weights in float16")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes building batches (default: 0 on the CPU, up to 8 with a GPU)")
+    parser.add_argument("--fit-steps", action="store_true",
+                        help=f"with --max-minutes: after {FIT_AFTER_STEPS} timed steps, set the total steps (and the "
+                             f"learning-rate schedule) to what fits the budget, at most --steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--objective", choices=OBJECTIVES, default="diffusion",
                         help="diffusion (the model) or ar: its autoregressive twin (same backbone, causal mask, "
@@ -480,13 +717,23 @@ def _task_weights(text: str) -> dict[str, float]:
 def run_from_args(args) -> int:
     from training.checkpoint import cli_config
 
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        raise InputError(f"--max-minutes must be a positive number of minutes, got {args.max_minutes}")
+    if args.shard_mb is not None and args.shard_mb < 1:
+        raise InputError(f"--shard-mb must be a positive number of MB, got {args.shard_mb}")
     cfg = cli_config(TrainConfig, args.out, args.resume, args.steps, preset=args.preset, batch_size=args.batch_size,
                      grad_accum=args.grad_accum, lr=args.lr, val_every=args.val_every,
-                     checkpoint_every=args.checkpoint_every, bf16=not args.no_bf16, seed=args.seed,
+                     checkpoint_every=args.checkpoint_every, bf16=args.bf16, seed=args.seed,
+                     loss_weighting=args.loss_weighting, loss_norm=args.loss_norm,
                      objective=args.objective, train_subset=args.train_subset, snapshots=args.snapshots,
                      ema_decay=args.ema_decay, init_from=args.init_from, max_audio_seconds=args.max_audio_seconds,
                      **({} if args.tasks is None else {"task_weights": args.tasks}))
-    model_dir = train(args.out, [d for d in args.data.split(",") if d], args.codecs, cfg, resume=args.resume)
+    if args.fit_steps and args.max_minutes is None:
+        raise InputError("--fit-steps fits the run to --max-minutes; give both")
+    options = RunOptions(args.device, args.compile, args.max_minutes, args.shard_mb, args.half_weights, args.workers,
+                         args.fit_steps)
+    model_dir = train(args.out, [d for d in args.data.split(",") if d], args.codecs, cfg, resume=args.resume,
+                      options=options)
     print(model_dir)
     return 0
 

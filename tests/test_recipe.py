@@ -1,0 +1,162 @@
+"""The training recipe's parts: the sparse loss, its weightings and normalisations, precision and device
+choice, packs, time-budgeted runs and sharded model folders."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from backbone.dit import DiT
+from tokenizers_mm.layout import PAD, Layout
+from training.hardware import cpu_has_bf16_units, resolve_device, use_bf16
+from training.objective import (LossSpec, TargetVocab, mask_targets, masked_diffusion_loss, sparse_diffusion_loss,
+                                token_weight)
+from training.schedule import MaskSchedule
+from training.tasks import Task, build_example, collate_examples
+from training.train import Deadline, RunOptions, TrainConfig, step_loss, train
+from unimodal.errors import DataError, InputError
+
+
+def _layout():
+    return Layout(text_vocab_size=40, image_codebook_size=16, audio_codebook_size=12, audio_frame_rate=10.0,
+                  max_text_len=8, max_audio_len=10)
+
+
+def _mixed_batch(layout, seed=0):
+    rng = np.random.default_rng(seed)
+    tokens = {"text": torch.from_numpy(rng.integers(0, 40, 3)), "image": torch.from_numpy(rng.integers(0, 16, 64)),
+              "audio": torch.from_numpy(rng.integers(0, 12, 5))}
+    tasks = ["text->image", "image->text", "text->audio", "->text+image+audio"]
+    return collate_examples([build_example(layout, tokens, Task.parse(t)) for t in tasks])
+
+
+def test_sparse_loss_equals_the_dense_loss_over_each_slots_allowed_ids():
+    layout = _layout()
+    batch = _mixed_batch(layout)
+    torch.manual_seed(0)
+    model = DiT.from_preset("tiny", layout.vocab_size)
+    with torch.no_grad():  # random head and output bias: the restriction must matter
+        model.output_bias.normal_()
+        model.final_layer.adaLN_modulation[-1].weight.normal_(std=0.1)
+    t = torch.tensor([0.3, 0.6, 0.9, 0.5])
+    masked = mask_targets(batch.batch.ids, batch.maskable, t, torch.Generator().manual_seed(1))
+    b = batch.batch
+    out = model(masked.noisy_ids, t, b.segment_ids, b.positions, batch.is_target, b.attention_mask)
+    allowed = torch.zeros_like(out.logits, dtype=torch.bool)
+    for row, spans in enumerate(b.spans):
+        for span in spans:
+            allowed[row, span.start:span.end] = layout.allowed_ids(span.modality)
+    restricted = out.logits.masked_fill(~allowed, -1e9)
+    vocab = TargetVocab(layout)
+    for weighting in ("elbo", "clipped", "flat"):
+        for normalise in ("real", "maskable"):
+            dense = masked_diffusion_loss(restricted, masked, weighting, normalise)
+            sparse, acc = sparse_diffusion_loss(model.output_logits, out.hidden, b.segment_ids, masked, vocab,
+                                                weighting, normalise)
+            assert sparse.item() == pytest.approx(dense.item(), rel=1e-5), (weighting, normalise)
+    right = (restricted.argmax(-1) == masked.targets) & masked.masked
+    assert acc.item() == pytest.approx(right.sum().item() / masked.masked.sum().item())
+    # The unrestricted loss is larger: mass on other modalities' ids is what the sparse head never computes.
+    assert masked_diffusion_loss(out.logits, masked, "elbo", "real") > sparse
+
+
+def test_real_normalisation_counts_content_and_end_not_filler():
+    layout = _layout()
+    tokens = {"text": torch.tensor([5, 6]), "image": torch.zeros(64, dtype=torch.long)}
+    batch = collate_examples([build_example(layout, tokens, Task.parse("image->text"))])
+    masked = mask_targets(batch.batch.ids, batch.maskable, torch.tensor([1.0]))
+    uniform = torch.zeros(1, batch.batch.ids.shape[1], layout.vocab_size)
+    per_slot = np.log(layout.vocab_size)
+    slots = layout.max_text_len + 1  # 2 words, END, 6 PAD filler
+    assert int((masked.targets[masked.masked] == PAD).sum()) == slots - 3
+    assert masked_diffusion_loss(uniform, masked, "elbo", "maskable").item() == pytest.approx(per_slot)
+    assert masked_diffusion_loss(uniform, masked, "elbo", "real").item() == pytest.approx(per_slot * slots / 3)
+    assert torch.allclose(token_weight(torch.tensor([0.01, 0.5]), "clipped"), torch.tensor([10.0, 2.0]))
+    with pytest.raises(ValueError, match="weighting"):
+        LossSpec(weighting="sqrt")
+    with pytest.raises(InputError, match="weighting"):
+        TrainConfig(loss_weighting="sqrt")
+
+
+def test_step_loss_sparse_and_dense_agree_on_gradients_of_the_trunk():
+    layout = _layout()
+    batch = _mixed_batch(layout, seed=3)
+    torch.manual_seed(0)
+    model = DiT.from_preset("tiny", layout.vocab_size)
+    t = torch.full((4,), 0.5)
+    loss, _ = step_loss(model, batch, MaskSchedule(), torch.Generator().manual_seed(0), LossSpec(TargetVocab(layout)), t=t)
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())  # every weight takes part (DDP needs it)
+    assert torch.isfinite(loss)
+
+
+def test_bf16_follows_the_hardware():
+    assert cpu_has_bf16_units("flags : fpu sse avx2 avx512f avx512_bf16 avx512vl")
+    assert cpu_has_bf16_units("flags : fpu sse avx2 amx_bf16 amx_tile")
+    assert not cpu_has_bf16_units("flags : fpu sse avx2 avx512f avx512vl")
+    assert use_bf16(False, "cpu") == (False, "as requested")
+    with pytest.raises(InputError, match="cuda"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="no CUDA GPU"):
+            resolve_device("cuda")
+        assert resolve_device("auto") == "cpu"
+
+
+def test_deadline_leaves_room_for_the_next_step_and_the_save():
+    assert not Deadline(None).reached()
+    deadline = Deadline(10.0)
+    deadline.step_took(1.0)
+    assert not deadline.reached()
+    deadline.step_took(400.0)  # two such steps and the save would overrun 10 minutes
+    assert deadline.reached()
+
+
+def _cfg(**kw):
+    base = dict(preset="tiny", steps=4, batch_size=4, warmup=1, val_every=2, val_samples=2, checkpoint_every=2,
+                bf16=False)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_pack_round_trip_and_training_from_a_pack_without_codecs(tiny_codec_dir, tiny_scenes, tmp_path):
+    from training.export import export_model
+    from training.pack import build_pack, load_pack
+    from training.tokens import CodecStack, tokenized_split
+
+    path = build_pack([str(tiny_scenes)], tiny_codec_dir, tmp_path / "tiny.pack.safetensors", progress=False)
+    pack = load_pack(path)
+    stack = CodecStack.load(tiny_codec_dir)
+    assert pack.meta["counts"] == {"train": 32, "val": 4, "test": 4, "heldout": 4}
+    assert pack.layout.to_dict() == stack.layout.to_dict() and pack.fingerprint == stack.fingerprint(tiny_codec_dir)
+    for split in ("train", "test"):
+        direct = tokenized_split(stack, tiny_codec_dir, tiny_scenes, split, progress=False)
+        for a, b in zip(direct, pack.splits[split]):
+            assert set(a) == set(b) and all(torch.equal(a[m], b[m]) for m in a)
+    with pytest.raises(DataError, match="pack"):
+        load_pack(tmp_path / "nothing.pack.safetensors")
+
+    wide = {"hidden_size": 192, "critic_hidden": 16}  # ~2.8 MB in float16: three 1 MB shards
+    model_dir = train(tmp_path / "run", [str(path)], None, _cfg(steps=2, model_overrides=wide), progress=False,
+                      options=RunOptions(shard_mb=1, half=True))
+    assert not (model_dir / "image").exists()  # no codecs on a pack-only machine
+    shards = sorted((model_dir / "backbone").glob("*.safetensors"))
+    assert len(shards) >= 2 and all(s.stat().st_size <= 1_000_000 for s in shards)
+    from safetensors.torch import load_file
+
+    assert {v.dtype for v in load_file(shards[0]).values()} == {torch.float16}
+    DiT.from_pretrained(model_dir / "backbone")  # the shards load back as one model
+    shipped = export_model(model_dir, tmp_path / "shipped", codecs=tiny_codec_dir)
+    assert (shipped / "image").is_dir() and (shipped / "backbone").is_dir()
+    with pytest.raises(InputError, match="alone"):
+        train(tmp_path / "mixed", [str(path), str(tiny_scenes)], tiny_codec_dir, _cfg(), progress=False)
+
+
+def test_max_minutes_stops_cleanly_with_a_checkpoint_and_a_model(tiny_codec_dir, tiny_scenes, tmp_path, capsys):
+    model_dir = train(tmp_path / "short", [str(tiny_scenes)], tiny_codec_dir, _cfg(steps=50), progress=True,
+                      options=RunOptions(max_minutes=0.01))  # 0.6 s: less than the save reserve
+    history = json.loads((tmp_path / "short" / "history.json").read_text())
+    assert len(history) == 1 and "val" in history[-1]  # stopped after its first step, validated
+    assert torch.load(tmp_path / "short" / "checkpoint.pt", weights_only=False)["step"] == 1
+    assert (model_dir / "backbone" / "config.json").exists()
+    assert "stopping at step 1 of 50" in capsys.readouterr().out
