@@ -30,13 +30,16 @@ def export_codecs(source: str | Path, out: str | Path) -> Path:
     return out
 
 
-def export_model(model_dir: str | Path, out: str | Path) -> Path:
+def export_model(model_dir: str | Path, out: str | Path, codecs: str | Path | None = None) -> Path:
     """A training run's model folder (``OUT/model``) re-saved for shipping: float16 backbone and codecs, the
-    layout and training config as they are. Written beside ``out`` and renamed into place."""
+    layout and training config as they are. Written beside ``out`` and renamed into place. ``codecs``: take
+    the codecs from this folder instead (a run on a pack has none); their layout must be the model's."""
     model_dir, out = Path(model_dir), Path(out)
     if not (model_dir / "backbone").is_dir() or not (model_dir / LAYOUT_FILE).is_file():
         raise DataError(f"{model_dir} is not a model folder (expected backbone/ and {LAYOUT_FILE}, as "
                         f"`unimodal train` writes in OUT/model)")
+    if codecs is not None:
+        _check_codecs_fit(model_dir, codecs)
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     backbone = DiT.from_pretrained(model_dir / "backbone")
@@ -44,9 +47,21 @@ def export_model(model_dir: str | Path, out: str | Path) -> Path:
     for name in MODEL_FILES:
         if (model_dir / name).is_file():
             shutil.copy2(model_dir / name, staging / name)
-    _write_codecs(model_dir, staging)
+    _write_codecs(model_dir if codecs is None else codecs, staging)
     _publish(staging, out)
     return out
+
+
+def _check_codecs_fit(model_dir: Path, codecs: str | Path) -> None:
+    """The codecs must give the layout the model was trained on (same vocabulary sizes, grid, frame rate)."""
+    from tokenizers_mm.layout import Layout
+    from training.tokens import CodecStack
+
+    trained = Layout.load(model_dir)
+    stack = CodecStack.load(codecs, max_text_len=trained.max_text_len, max_audio_len=trained.max_audio_len)
+    if stack.layout.to_dict() != trained.to_dict():
+        raise DataError(f"the codecs in {codecs} do not fit the model in {model_dir}: layout "
+                        f"{stack.layout.to_dict()} vs the model's {trained.to_dict()}")
 
 
 def _publish(staging: Path, out: Path) -> None:

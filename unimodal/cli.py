@@ -22,6 +22,17 @@ def _cmd_data_build(args) -> int:
     return 0
 
 
+def _cmd_data_pack(args) -> int:
+    from training.pack import build_pack, load_pack
+    from unimodal.paths import default_codecs_dir
+
+    path = build_pack([d for d in args.data.split(",") if d], args.codecs or default_codecs_dir(), args.out,
+                      args.max_audio_seconds)
+    counts = load_pack(path).meta["counts"]
+    print(f"{path} ({path.stat().st_size / 2**20:.1f} MiB): " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return 0
+
+
 def _cmd_data_info(args) -> int:
     from training.data.store import read_info
 
@@ -57,6 +68,13 @@ def add_data_commands(sub) -> None:
     info = data.add_parser("info", help="print a built data set's info.json")
     info.add_argument("dir")
     info.set_defaults(func=_cmd_data_info)
+    pack = data.add_parser("pack", help="tokenise every split into one small file that training reads without "
+                                        "codecs (what a GPU machine trains on)")
+    pack.add_argument("--data", required=True, help="comma-separated: scenes, digits, built data folders, manifests")
+    pack.add_argument("--codecs", default=None, help="codec folder (default: the package's shipped codecs)")
+    pack.add_argument("--max-audio-seconds", type=float, default=None, help="longest audio a sample keeps")
+    pack.add_argument("--out", required=True, help="the pack file, named *.pack.safetensors")
+    pack.set_defaults(func=_cmd_data_pack)
     check = data.add_parser("check", help="validate a JSONL manifest of your own data")
     check.add_argument("manifest")
     check.add_argument("--skip-bad", action="store_true", help="skip bad records (they are counted and listed)")
@@ -257,6 +275,9 @@ def add_train_command(sub) -> None:
     export = sub.add_parser("export-model", help="re-save a trained model folder in float16 for shipping "
                                                  "(the packaged default model)")
     export.add_argument("--model", required=True, help="a training run's model folder (OUT/model)")
+    export.add_argument("--codecs", default=None,
+                        help="codec folder to add (a run on a pack, e.g. from a GPU machine, has none); must be the "
+                             "codecs the pack was made with")
     export.add_argument("--out", default="unimodal/default_model")
     export.set_defaults(func=_cmd_export_model)
 
@@ -264,7 +285,7 @@ def add_train_command(sub) -> None:
 def _cmd_export_model(args) -> int:
     from training.export import export_model
 
-    print(export_model(args.model, args.out))
+    print(export_model(args.model, args.out, codecs=args.codecs))
     return 0
 
 
@@ -278,10 +299,14 @@ def _cmd_bench_train(args) -> int:
     results = []
     for bf16 in ([True, False] if args.compare_fp32 else [not args.no_bf16]):
         for compiled in ([False, True] if args.compile else [False]):
-            results.append(bench_train(args.preset, args.batch_size, args.steps, bf16=bf16,
-                                       grad_accum=args.grad_accum, compile=compiled))
-            print(format_result(results[-1]), flush=True)
-        if args.compile:
+            for sparse in ([False, True] if args.compare_dense else [True]):
+                results.append(bench_train(args.preset, args.batch_size, args.steps, bf16=bf16,
+                                           grad_accum=args.grad_accum, compile=compiled, sparse=sparse))
+                print(format_result(results[-1]), flush=True)
+            if args.compare_dense:
+                print(f"  sparse logits speed-up (bf16={bf16}, compiled={compiled}): "
+                      f"{results[-2].step_seconds / results[-1].step_seconds:.2f}x", flush=True)
+        if args.compile and not args.compare_dense:
             print(f"  torch.compile speed-up (bf16={bf16}): "
                   f"{results[-2].step_seconds / results[-1].step_seconds:.2f}x", flush=True)
     if args.json:
@@ -382,6 +407,9 @@ def add_bench_commands(sub) -> None:
     train.add_argument("--compare-fp32", action="store_true", help="run bf16 and fp32 side by side")
     train.add_argument("--compile", action="store_true", help="also run the step with the forward under "
                                                               "torch.compile, side by side with eager")
+    train.add_argument("--compare-dense", action="store_true",
+                       help="also run the first recipe's step (logits over the whole vocabulary at every "
+                            "position), side by side with the sparse one")
     train.add_argument("--json", default=None)
     train.set_defaults(func=_cmd_bench_train)
     _add_bench_sample_command(bench)
@@ -389,6 +417,9 @@ def add_bench_commands(sub) -> None:
 
     add_versus_ar_command(bench)
     add_data_efficiency_command(bench)
+    from unimodal.recipe import add_recipe_command
+
+    add_recipe_command(bench)
 
 
 def _parse_cfg(value: str):

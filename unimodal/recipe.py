@@ -1,0 +1,166 @@
+"""``unimodal bench recipe``: score training-recipe variants by judged accuracy, at one fixed budget.
+
+Every variant trains the same backbone preset on the same data for the same number of steps and examples
+(a budget in examples, so a variant whose step is cheaper is not given more data), then its EMA model is judged
+by ``unimodal eval``'s judges on the same test cases, text->image and image->text. A variant is a name and
+TrainConfig overrides (``loss_norm=maskable sparse_head=false``); ``objective=ar`` trains the autoregressive
+twin with the same budget, the bar the diffusion recipe must reach on reading pictures.
+
+Each run and each verdict is cached in the output folder, so a killed job resumes where it stopped; a variant
+name already judged with other settings is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from unimodal.errors import InputError
+
+DIRECTIONS = ("text->image", "image->text")
+
+
+@dataclass
+class RecipeBudget:
+    data: str = "scenes"
+    preset: str = "mini"
+    steps: int = 600
+    batch_size: int = 32
+    lr: float = 1e-3
+    tasks: dict = field(default_factory=lambda: {d: 1.0 for d in DIRECTIONS})
+    eval_n: int = 64
+    seed: int = 0
+
+
+def parse_variant(words: list[str]) -> tuple[str, dict]:
+    """``["real", "loss_norm=real", "lr=2e-3"]`` -> ("real", {"loss_norm": "real", "lr": 0.002}); values typed
+    from TrainConfig's field defaults."""
+    from training.train import TrainConfig
+
+    name, *pairs = words
+    types = {f.name: type(f.default) for f in fields(TrainConfig) if not isinstance(f.default, type(field()))}
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in types:
+            raise InputError(f"variant {name!r}: {pair!r} is not KEY=VALUE with KEY a training setting "
+                             f"({', '.join(sorted(types))})")
+        overrides[key] = _typed(value, types[key], f"variant {name!r}: {key}")
+    return name, overrides
+
+
+def _typed(value: str, kind: type, what: str):
+    if kind is bool:
+        if value.lower() not in ("true", "false"):
+            raise InputError(f"{what} must be true or false, got {value!r}")
+        return value.lower() == "true"
+    try:
+        return kind(value) if kind in (int, float, str) else json.loads(value)
+    except (ValueError, json.JSONDecodeError):
+        raise InputError(f"{what}: cannot read {value!r} as {kind.__name__}") from None
+
+
+def train_variant(budget: RecipeBudget, name: str, overrides: dict, codec_dir, out: Path, progress: bool) -> dict:
+    """Train one variant (resumable); returns its run facts (folder, wall time of its steps)."""
+    from training.train import RunOptions, TrainConfig, train
+
+    run = out / name
+    cfg = TrainConfig(**{"preset": budget.preset, "steps": budget.steps, "batch_size": budget.batch_size,
+                         "lr": budget.lr, "warmup": min(100, budget.steps // 10), "task_weights": dict(budget.tasks),
+                         "val_every": max(1, budget.steps // 4), "checkpoint_every": 100, "ema_decay": 0.99,
+                         "seed": budget.seed, **overrides})
+    if not (run / "model").is_dir():
+        start = time.perf_counter()
+        train(run, [d for d in budget.data.split(",") if d], codec_dir, cfg, resume=True, progress=progress,
+              options=RunOptions(device="cpu"))
+        (run / "wall.json").write_text(json.dumps({"seconds": time.perf_counter() - start}))
+    history = json.loads((run / "history.json").read_text())
+    return {"run": str(run), "seconds": json.loads((run / "wall.json").read_text())["seconds"]
+            if (run / "wall.json").is_file() else None,
+            "tokens_per_s_median": _median([h["tokens_per_s"] for h in history if "tokens_per_s" in h]),
+            "val": history[-1].get("val", {})}
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(values)
+    return values[len(values) // 2] if values else None
+
+
+def judge_variant(budget: RecipeBudget, run: Path, progress: bool) -> dict:
+    from inference.evaluate import Judges, evaluate
+    from unimodal.eval_cases import load_cases
+    from unimodal.pipeline import UniModal
+
+    cases, _ = load_cases(budget.data, "test", budget.eval_n, speech=False)
+    pipe = UniModal.from_pretrained(run / "model")
+    report = evaluate(pipe, cases, list(DIRECTIONS), {}, seed=budget.seed, judges=Judges(), progress=progress)
+    return {d: {"accuracy": f.get("accuracy"), "settings": f.get("settings")} for d, f in report["figures"].items()}
+
+
+def run_recipe(budget: RecipeBudget, variants: list[tuple[str, dict]], codec_dir, out: str | Path,
+               progress: bool = True) -> dict:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = out / "recipe.json"
+    report = json.loads(cache.read_text()) if cache.is_file() else {"budget": asdict(budget), "variants": {}}
+    if report["budget"] != json.loads(json.dumps(asdict(budget))):
+        raise InputError(f"{out} holds a recipe experiment with another budget; use another --out")
+    for name, overrides in variants:
+        done = report["variants"].get(name)
+        if done and done["overrides"] != overrides:
+            raise InputError(f"variant {name!r} in {out} was run with {done['overrides']}, not {overrides}")
+        if done and "judged" in done:
+            continue
+        facts = train_variant(budget, name, overrides, codec_dir, out, progress)
+        facts["judged"] = judge_variant(budget, Path(facts["run"]), progress)
+        report["variants"][name] = {"overrides": overrides, **facts}
+        tmp = cache.with_name(cache.name + ".tmp")
+        tmp.write_text(json.dumps(report, indent=1))
+        tmp.replace(cache)
+    return report
+
+
+def format_report(report: dict) -> str:
+    budget = report["budget"]
+    lines = [f"budget: preset {budget['preset']}, {budget['steps']} steps x batch {budget['batch_size']}, lr "
+             f"{budget['lr']}, data {budget['data']}, tasks {budget['tasks']}; judged on {budget['eval_n']} test "
+             f"cases per direction (per-output sampling defaults)",
+             f"{'variant':<14} {'train min':>9} {'tok/s':>7} {'text->image':>11} {'image->text':>11}  settings"]
+    for name, v in report["variants"].items():
+        judged = v.get("judged", {})
+        cells = [f"{judged.get(d, {}).get('accuracy', float('nan')):>11.3f}" for d in DIRECTIONS]
+        minutes = f"{v['seconds'] / 60:9.1f}" if v.get("seconds") else f"{'-':>9}"
+        speed = f"{v['tokens_per_s_median']:7.0f}" if v.get("tokens_per_s_median") else f"{'-':>7}"
+        lines.append(f"{name:<14} {minutes} {speed} {' '.join(cells)}  {v['overrides'] or 'defaults'}")
+    return "\n".join(lines)
+
+
+def add_recipe_command(bench) -> None:
+    recipe = bench.add_parser("recipe", help="score training-recipe variants by judged accuracy at one fixed budget")
+    recipe.add_argument("--variant", nargs="+", action="append", required=True, metavar="NAME [KEY=VALUE ...]",
+                        help="a variant: its name, then training settings it changes, e.g. --variant first "
+                             "loss_norm=maskable sparse_head=false (repeat for more; objective=ar: the AR twin)")
+    for name in ("data", "preset"):
+        recipe.add_argument(f"--{name}", default=getattr(RecipeBudget, name))
+    for name in ("steps", "batch_size", "eval_n", "seed"):
+        recipe.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(RecipeBudget, name))
+    recipe.add_argument("--lr", type=float, default=RecipeBudget.lr)
+    recipe.add_argument("--codecs", default=None, help="codec folder (default: the package's shipped codecs)")
+    recipe.add_argument("--out", required=True, help="folder for the runs and recipe.json (resumable)")
+    recipe.set_defaults(func=_cmd_recipe)
+
+
+def _cmd_recipe(args) -> int:
+    from unimodal.paths import default_codecs_dir
+
+    budget = RecipeBudget(data=args.data, preset=args.preset, steps=args.steps, batch_size=args.batch_size,
+                          lr=args.lr, eval_n=args.eval_n, seed=args.seed)
+    variants = [parse_variant(words) for words in args.variant]
+    if len({name for name, _ in variants}) != len(variants):
+        raise InputError("each --variant needs its own name")
+    report = run_recipe(budget, variants, args.codecs or default_codecs_dir(), args.out)
+    print(format_report(report))
+    print(Path(args.out) / "recipe.json")
+    return 0
