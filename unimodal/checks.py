@@ -61,6 +61,8 @@ def check_request(request: Mapping, needs_out: bool = False) -> CheckedRequest:
         raise InputError(f"unknown key(s) {unknown} in a generate request; accepted: {', '.join(GENERATE_KEYS)}")
     checked = CheckedRequest(to=check_to(request.get("to", "image")))
     checked.settings = check_settings({k: request[k] for k in SETTING_KEYS if request.get(k) is not None})
+    if "seed" in request and request["seed"] is None:
+        checked.settings["seed"] = None  # None asks for a fresh seed; every other None means "the default"
     checked.inputs = check_inputs({k: request[k] for k in INPUT_KEYS if request.get(k) is not None})
     both = [m for m in checked.to if m in checked.inputs]
     if both:

@@ -493,6 +493,10 @@ def _cmd_serve(args) -> int:
     if args.stdio == args.mcp:
         raise InputError("choose one protocol: unimodal serve --mcp (Model Context Protocol over stdio, for "
                          "agents) or unimodal serve --stdio (JSON lines)")
+    if args.mcp:
+        from unimodal.mcp_server import require_mcp
+
+        require_mcp()
     model_dir = check_model(args.model, args.device)
     if args.mcp:
         from unimodal.mcp_server import serve_mcp
