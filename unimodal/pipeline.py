@@ -45,8 +45,8 @@ from tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
 from tokenizers_mm.text import TextCodec
 from tokenizers_mm.vocoder import MelVocoder
 from unimodal.checks import check_model_folder, check_to
-from unimodal.errors import (DataError, EmptyInputError, InputError, ModelFolderError, StepsCappedWarning,
-                             UnimodalError, UnknownWordsWarning)
+from unimodal.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
+                             StepsCappedWarning, UnimodalError, UnknownWordsWarning)
 from unimodal.grammar import unknown_words
 from unimodal.inputs import as_audio, as_image, as_text
 from unimodal.results import GenerationResult
@@ -292,10 +292,10 @@ class UniModal(DiffusionPipeline):
     def _sampler_config(self, settings: Mapping, targets: str | None = None) -> SamplerConfig:
         unknown = sorted(set(settings) - set(SETTING_KEYS))
         if unknown:
-            raise InputError(f"unknown setting(s) {unknown}; accepted: {', '.join(SETTING_KEYS)}")
+            raise SettingError(f"unknown setting(s) {unknown}; accepted: {', '.join(SETTING_KEYS)}")
         seed = settings.get("seed", 0)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**62):
-            raise InputError(f"seed must be a non-negative int (or None for a fresh one), got {seed!r}")
+            raise SettingError(f"seed must be a non-negative int (or None for a fresh one), got {seed!r}")
         values = {k: v for k, v in settings.items() if k != "seed" and v is not None}
         try:
             defaults = self.scheduler.target_defaults(targets)
@@ -303,7 +303,7 @@ class UniModal(DiffusionPipeline):
                 defaults = {k: v for k, v in defaults.items() if k in ("temperature", "top_k", "top_p")}
             config = self.scheduler.sampler_config(**{**defaults, **values})
         except InputError as error:  # name the argument as the caller wrote it
-            raise InputError(str(error).replace("SamplerConfig.", "")) from None
+            raise SettingError(str(error).replace("SamplerConfig.", "")) from None
         return SamplerConfig(**{**config.__dict__, "seed": seed})
 
     def _prepare(self, spec, index: int, in_batch: bool) -> "_Prepared":
