@@ -18,7 +18,6 @@ from PIL import Image
 
 from conftest import write_tiny_model
 from unimodal import checks
-from unimodal.cli import main
 from unimodal.errors import (DeviceError, EmptyInputError, InputError, InputFileError, ModelFolderError,
                              OutputPathError, SampleRateError, SettingError, StepsCappedWarning, TextEncodingError,
                              UnimodalError, UnknownWordsWarning)
@@ -54,7 +53,8 @@ def test_cli_refusals_name_the_cause_and_never_show_a_traceback(tiny_model_dir, 
     weights.write_bytes(weights.read_bytes()[:-100])
     model = ["--model", str(tiny_model_dir)]
     cases = [
-        ([*model, "--text", b"a red \xff\xfe circle", "--to", "image", "--out", tmp_path / "a.png"], "not valid Unicode"),
+        ([*model, "--text", b"a red \xff\xfe circle", "--to", "image", "--out", tmp_path / "a.png"],
+         "not valid Unicode"),
         ([*model, "--text", "a red circle", "--out", tmp_path / "a.png", "--device", "cuda:7"], "device"),
         (["--model", damaged, "--text", "a red circle", "--out", tmp_path / "a.png"], "truncated"),
         ([*model, "--text", "a red circle", "--out", "/proc/unimodal.png"], "cannot write '/proc/unimodal.png'"),

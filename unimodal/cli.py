@@ -511,7 +511,9 @@ def _cmd_serve(args) -> int:
 def add_serve_command(sub) -> None:
     serve = sub.add_parser("serve", help="keep the model loaded and answer agents: MCP (--mcp) or JSON lines "
                                          "(--stdio)",
-                           description="unimodal serve --stdio --model DIR: one JSON request per line on stdin "
+                           description="unimodal serve --mcp: a Model Context Protocol server on stdin/stdout (tool "
+                                       "generate; resources unimodal://vocabulary and unimodal://model). "
+                                       "unimodal serve --stdio --model DIR: one JSON request per line on stdin "
                                        '({"id": 1, "op": "generate", "text": "...", "to": "image", "out": "a.png"}, '
                                        'ops: generate, ping, shutdown), one JSON response per line on stdout')
     _add_model_arguments(serve)

@@ -48,7 +48,8 @@ INSTRUCTIONS = ("unimodal: one masked-diffusion model that writes text, images a
 class Runner:
     """What every tool shares: the model folder, the model (loaded on first use, once) and where outputs go."""
 
-    def __init__(self, model_dir: str | os.PathLike, device: str | None = None, out_dir: str | os.PathLike | None = None):
+    def __init__(self, model_dir: str | os.PathLike, device: str | None = None,
+                 out_dir: str | os.PathLike | None = None):
         self.model_dir, self.device = Path(model_dir), device
         self.out_dir = Path(out_dir).expanduser() if out_dir else _default_out_dir()
         self._pipe = None
@@ -109,7 +110,8 @@ def generate_tool(runner: Runner):
         top_p: Annotated[float | None, Field(gt=0, le=1, description="1 = off")] = None,
         cfg: Annotated[Annotated[float, Field(ge=0)] | dict[Modality, Annotated[float, Field(ge=0)]] | None, Field(
             description="classifier-free guidance scale, or one per input modality {'text': 3}")] = None,
-        choice_temperature: Annotated[float | None, Field(ge=0, description="randomised commit order (MaskGIT)")] = None,
+        choice_temperature: Annotated[float | None, Field(
+            ge=0, description="randomised commit order (MaskGIT)")] = None,
         seed: Annotated[int | None, Field(ge=0, lt=2**62, description="same seed, same output; null: fresh")] = 0,
         max_text_tokens: Annotated[int | None, Field(ge=1, description="cap on generated text tokens")] = None,
         max_audio_seconds: Annotated[float | None, Field(gt=0, description="cap on generated audio")] = None,

@@ -10,8 +10,9 @@ Requests (one JSON object per line on stdin)::
 
 ``op`` defaults to ``generate``. Inputs: ``text`` (a string), ``image`` / ``audio`` (file paths). ``to``: a
 modality, a list or ``"image,audio"``. ``out`` (optional): a file whose extension names the output
-(``.png`` image, ``.wav`` audio, ``.txt`` text, ``.json`` the summary), a list of such files, or a folder that
-receives every output. Settings: ``steps``, ``mode``, ``tau``, ``temperature``, ``top_k``, ``top_p``, ``cfg``,
+(``.png`` / ``.jpg`` image, ``.wav`` / ``.flac`` audio, ``.txt`` text, ``.json`` the summary), a list of such files,
+or a folder that receives every output. Each request is checked (:func:`unimodal.checks.check_request`) before
+anything runs; the error ``type`` names the cause (``InputFileError``, ``TextEncodingError``, ...). Settings: ``steps``, ``mode``, ``tau``, ``temperature``, ``top_k``, ``top_p``, ``cfg``,
 ``seed``, ``max_text_tokens``, ``max_audio_seconds``, ``schedule``, ``block_length``, ``block_mode``.
 
 Responses (one JSON object per line on stdout, in request order)::
