@@ -9,10 +9,20 @@ __version__ = "0.1.0"
 
 from unimodal.errors import (  # noqa: F401  (re-exported)
     DataError,
+    DeviceError,
+    EmptyInputError,
     InputError,
+    InputFileError,
     ManifestError,
     MissingDependencyError,
+    ModelFolderError,
+    OutputPathError,
+    SampleRateError,
+    SettingError,
+    StepsCappedWarning,
+    TextEncodingError,
     UnimodalError,
+    UnknownWordsWarning,
 )
 
 _LAZY = {"UniModal": "unimodal.pipeline", "GenerationResult": "unimodal.results"}
@@ -33,5 +43,7 @@ def __dir__() -> list[str]:
     return sorted(list(globals()) + list(_LAZY))
 
 
-__all__ = ["DataError", "GenerationResult", "InputError", "ManifestError", "MissingDependencyError", "UniModal",
-           "UnimodalError", "__version__"]
+__all__ = ["DataError", "DeviceError", "EmptyInputError", "GenerationResult", "InputError", "InputFileError",
+           "ManifestError", "MissingDependencyError", "ModelFolderError", "OutputPathError", "SampleRateError",
+           "SettingError", "StepsCappedWarning", "TextEncodingError", "UniModal", "UnimodalError",
+           "UnknownWordsWarning", "__version__"]

@@ -1,7 +1,9 @@
 """The ``unimodal`` command line. Each command group is one ``add_*`` function that registers its parser.
 
 Errors a user can cause are printed as one line (``error: ...``) with exit status 2, never a traceback;
-set ``UNIMODAL_DEBUG=1`` to see the traceback too.
+``unimodal --debug ...`` (or ``UNIMODAL_DEBUG=1``) shows the traceback too. An unexpected error (a bug) is one
+line with exit status 1. The parser imports no torch: commands whose options live beside torch code (train,
+bench, eval) are built only when named, so ``--help``, ``--version`` and a refused request answer at once.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 
 from unimodal.errors import InputError, UnimodalError
 
@@ -266,14 +269,17 @@ def add_judge_commands(sub) -> None:
     judges.set_defaults(func=_cmd_judges)
 
 
+TRAIN_HELP = "train the model (masked diffusion over the shared token space)"
+EXPORT_MODEL_HELP = "re-save a trained model folder in float16 for shipping (the packaged default model)"
+
+
 def add_train_command(sub) -> None:
     from training.train import add_arguments, run_from_args
 
-    train = sub.add_parser("train", help="train the model (masked diffusion over the shared token space)")
+    train = sub.add_parser("train", help=TRAIN_HELP)
     add_arguments(train)
     train.set_defaults(func=run_from_args)
-    export = sub.add_parser("export-model", help="re-save a trained model folder in float16 for shipping "
-                                                 "(the packaged default model)")
+    export = sub.add_parser("export-model", help=EXPORT_MODEL_HELP)
     export.add_argument("--model", required=True, help="a training run's model folder (OUT/model)")
     export.add_argument("--codecs", default=None,
                         help="codec folder to add (a run on a pack, e.g. from a GPU machine, has none); must be the "
@@ -395,8 +401,28 @@ def _add_bench_sample_command(bench) -> None:
     sample.set_defaults(func=_cmd_bench_sample)
 
 
+def _cmd_bench_startup(args) -> int:
+    from unimodal.bench_startup import bench_startup, format_table
+
+    report = bench_startup(repeats=args.repeats)
+    print(format_table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+def _add_bench_startup_command(bench) -> None:
+    startup = bench.add_parser("startup", help="seconds until --help, --version and refused requests answer "
+                                               "(fresh processes, median of --repeats)")
+    startup.add_argument("--repeats", type=int, default=5)
+    startup.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    startup.set_defaults(func=_cmd_bench_startup)
+
+
 def add_bench_commands(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_cmd", required=True)
+    _add_bench_startup_command(bench)
     train = bench.add_parser("train", help="training tokens/s and model FLOP utilisation vs this machine's peak")
     train.add_argument("--preset", default="small")
     train.add_argument("--batch-size", type=int, default=16)
@@ -441,18 +467,17 @@ def _add_model_arguments(parser) -> None:
 
 
 def _cmd_generate(args) -> int:
-    from unimodal.pipeline import _parse_to
-    from unimodal.serve import load_pipeline, run_generate
+    from unimodal.checks import check_request
+    from unimodal.serve import check_model, load_pipeline, run_generate
 
-    if not args.out and _parse_to(args.to, "--to: ") != ["text"]:
-        raise InputError(f"--to {args.to} writes files: give --out PATH (one per output, by extension: .png image, "
-                         f".wav audio, .txt text) or --out FOLDER")
-    pipe = load_pipeline(args.model, args.device)
     request = {key: getattr(args, key) for key in ("text", "image", "audio", "to", "steps", "mode", "tau",
                                                    "temperature", "top_k", "top_p", "cfg", "seed",
                                                    "max_text_tokens", "max_audio_seconds", "choice_temperature")}
     request["out"] = args.out
-    result = run_generate(pipe, request, progress=not args.quiet)
+    model_dir = check_model(args.model, args.device)  # all of it before torch is even imported
+    checked = check_request(request, needs_out=True)
+    pipe = load_pipeline(model_dir, args.device)
+    result = run_generate(pipe, request, progress=not args.quiet, checked=checked)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -494,11 +519,20 @@ def add_generate_commands(sub) -> None:
 
 
 def _cmd_serve(args) -> int:
-    from unimodal.serve import load_pipeline, resolve_model_dir, serve_stdio
+    from unimodal.serve import check_model, load_pipeline, serve_stdio
 
-    if not args.stdio:
-        raise InputError("only the stdio transport exists for now: unimodal serve --stdio --model DIR")
-    model_dir = resolve_model_dir(args.model)
+    if args.stdio == args.mcp:
+        raise InputError("choose one protocol: unimodal serve --mcp (Model Context Protocol over stdio, for "
+                         "agents) or unimodal serve --stdio (JSON lines)")
+    if args.mcp:
+        from unimodal.mcp_server import require_mcp
+
+        require_mcp()
+    model_dir = check_model(args.model, args.device)
+    if args.mcp:
+        from unimodal.mcp_server import serve_mcp
+
+        return serve_mcp(model_dir, args.device, out_dir=args.out_dir)
     pipe = load_pipeline(model_dir, args.device)
     print(f"unimodal serve: model {model_dir} loaded on {pipe.device}; reading JSON requests from stdin",
           file=sys.stderr, flush=True)
@@ -506,12 +540,19 @@ def _cmd_serve(args) -> int:
 
 
 def add_serve_command(sub) -> None:
-    serve = sub.add_parser("serve", help="keep the model loaded and answer JSON requests, one per line",
-                           description="unimodal serve --stdio --model DIR: one JSON request per line on stdin "
+    serve = sub.add_parser("serve", help="keep the model loaded and answer agents: MCP (--mcp) or JSON lines "
+                                         "(--stdio)",
+                           description="unimodal serve --mcp: a Model Context Protocol server on stdin/stdout (tool "
+                                       "generate; resources unimodal://vocabulary and unimodal://model). "
+                                       "unimodal serve --stdio --model DIR: one JSON request per line on stdin "
                                        '({"id": 1, "op": "generate", "text": "...", "to": "image", "out": "a.png"}, '
                                        'ops: generate, ping, shutdown), one JSON response per line on stdout')
     _add_model_arguments(serve)
     serve.add_argument("--stdio", action="store_true", help="talk JSON lines over stdin/stdout")
+    serve.add_argument("--mcp", action="store_true", help="be a Model Context Protocol server over stdin/stdout "
+                                                          "(tools: generate; resource: the known vocabulary)")
+    serve.add_argument("--out-dir", default=None, help="--mcp: folder for outputs of calls that give no out "
+                                                       "(default: a fresh folder under the cache)")
     serve.set_defaults(func=_cmd_serve)
 
 
@@ -521,34 +562,68 @@ def add_eval_commands(sub) -> None:
     add_eval_command(sub)
 
 
+EVAL_HELP = "generate in every direction and score with the independent judges"
+# Groups whose parsers import torch (their defaults live beside the code) are built only when their command is
+# named; otherwise each gets a stub with its help line, so `unimodal --help` lists it without the import.
+HEAVY_GROUPS = {add_train_command: {"train": TRAIN_HELP, "export-model": EXPORT_MODEL_HELP},
+                add_bench_commands: {"bench": "benchmarks"}, add_eval_commands: {"eval": EVAL_HELP}}
 COMMAND_GROUPS = [add_data_commands, add_codec_commands, add_judge_commands, add_train_command, add_bench_commands,
                   add_eval_commands, add_generate_commands, add_serve_command]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The full parser for the command ``argv`` names (None: every command, the heavy ones included)."""
     from unimodal import __version__
 
     parser = argparse.ArgumentParser(prog="unimodal", description="One masked-diffusion model for text, images "
                                      "and audio, any-to-any.")
     parser.add_argument("--version", action="version", version=f"unimodal {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
+    command = _command_of(argv)
     for add in COMMAND_GROUPS:
-        add(sub)
+        stubs = HEAVY_GROUPS.get(add, {})
+        if argv is None or not stubs or command in stubs:
+            add(sub)
+        else:
+            for name, help_line in stubs.items():
+                sub.add_parser(name, help=help_line)
     return parser
 
 
+def _command_of(argv: list[str] | None) -> str | None:
+    """The command word of ``argv`` (top-level options take no values, so it is the first non-option)."""
+    return next((word for word in argv or [] if not word.startswith("-")), None)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    # A user-facing warning is one line, not the source location and code line Python shows by default.
+    print(f"warning: {message}", file=sys.stderr if file is None else file)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else [str(word) for word in argv]
+    debug = "--debug" in argv or bool(os.environ.get("UNIMODAL_DEBUG"))  # anywhere: before or after the command
+    args = build_parser(argv).parse_args([word for word in argv if word != "--debug"])
+    shown, warnings.showwarning = warnings.showwarning, (warnings.showwarning if debug else _show_warning)
     try:
         return args.func(args)
     except UnimodalError as err:
-        if os.environ.get("UNIMODAL_DEBUG"):
+        if debug:
             raise
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # noqa: BLE001 - a bug still answers in one line; --debug shows where
+        if debug:
+            raise
+        print(f"error: internal error {type(err).__name__}: {err} (run with --debug for the traceback, and "
+              f"please report it)", file=sys.stderr)
+        return 1
+    finally:
+        warnings.showwarning = shown
 
 
 if __name__ == "__main__":

@@ -68,10 +68,10 @@ def _add_sampling_flags(parser, temperature_default) -> None:
 
 def add_eval_command(sub) -> None:
     from inference.evaluate import DIRECTIONS
-    from unimodal.cli import _add_model_arguments
+    from unimodal.cli import EVAL_HELP, _add_model_arguments
     from unimodal.eval_cases import EVAL_SPLITS
 
-    ev = sub.add_parser("eval", help="generate in every direction and score with the independent judges",
+    ev = sub.add_parser("eval", help=EVAL_HELP,
                         description="Judged quality per direction (text->image attribute accuracy, caption "
                                     "accuracy, speech WER, joint consistency), with the judges' figures on the "
                                     "real data beside them. Writes eval.json, one PNG grid per direction and "

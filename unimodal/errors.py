@@ -20,6 +20,51 @@ class DataError(UnimodalError):
     """A data set, file or record could not be read or built."""
 
 
+# One type per cause a request can fail for, so a caller (an agent above all) can branch on the type instead of
+# parsing messages. Input causes subclass InputError, so code that catches InputError keeps working.
+
+
+class TextEncodingError(InputError):
+    """Text that is not valid Unicode: non-UTF-8 bytes, or a lone surrogate (what a shell's undecodable bytes
+    become in a Python string)."""
+
+
+class InputFileError(InputError):
+    """An input file (image, audio) is missing, unreadable or not decodable as that kind of file."""
+
+
+class EmptyInputError(InputError):
+    """An input with nothing in it: a 0x0 image, audio without samples."""
+
+
+class SampleRateError(InputError):
+    """Audio given with a sample rate that is not a positive whole number of samples per second."""
+
+
+class SettingError(InputError):
+    """A sampling setting (steps, tau, cfg, ...) has the wrong type or lies outside its range."""
+
+
+class OutputPathError(InputError):
+    """An output path has no known extension, or its folder cannot be written (read-only, /proc, ...)."""
+
+
+class DeviceError(UnimodalError):
+    """The device asked for (``cuda``, ``cuda:3``, ``mps``) does not exist on this machine."""
+
+
+class ModelFolderError(DataError):
+    """A model folder is missing a part or holds a damaged file (a truncated weights file, bad JSON)."""
+
+
+class UnknownWordsWarning(UserWarning):
+    """A prompt uses words the model never saw in training; they are likely to be drawn as something else."""
+
+
+class StepsCappedWarning(UserWarning):
+    """More steps were asked for than there are tokens to commit; the steps actually run are reported."""
+
+
 class ManifestError(DataError):
     """A line of a JSONL manifest is malformed or points at an unreadable file."""
 

@@ -158,3 +158,23 @@ def scenes_equal(a: dict | None, b: dict | None) -> bool:
     if a is None or b is None:
         return False
     return canonical_scene(a) == canonical_scene(b)
+
+
+def known_vocabulary() -> dict[str, list[str]]:
+    """Every word the embedded data sets' captions use, by kind: what a model trained on scenes and digits has
+    seen. ``words`` holds them all (template filler included); the other keys name the words that change a
+    picture, which is what a user needs to hear when a prompt strays outside them."""
+    fillers = set()
+    for template in SINGLE_TEMPLATES + PAIR_TEMPLATES + DIGIT_TEMPLATES + tuple(_WHERE.values()) + tuple(
+            _RELATION_PHRASE.values()):
+        fillers.update(_words(re.sub(r"\{\w+\}", " ", template)))
+    kinds = {"colors": list(COLORS), "shapes": list(SHAPES), "sizes": list(SIZES), "positions": list(POSITIONS),
+             "relations": list(RELATIONS), "digits": list(DIGIT_WORDS) + [str(d) for d in range(10)]}
+    words = set(fillers).union(*(_words(" ".join(values)) for values in kinds.values()))
+    return {**kinds, "words": sorted(words)}
+
+
+def unknown_words(text: str, words) -> list[str]:
+    """Words of ``text`` outside ``words`` (a known vocabulary), in order of first appearance, each once."""
+    known = set(words)
+    return list(dict.fromkeys(w for w in _words(text) if w not in known))

@@ -33,3 +33,28 @@ def default_codecs_dir() -> Path:
         if (shipped / "image").is_dir():
             return shipped
     return cache_root() / "codecs"
+
+
+# What a file path names by its extension, wherever outputs are saved (results, the CLI, the servers).
+OUTPUT_SUFFIXES = {".png": "image", ".jpg": "image", ".jpeg": "image", ".wav": "audio", ".flac": "audio",
+                   ".txt": "text", ".json": "json"}
+
+
+def atomic_write(path: str | os.PathLike, write) -> Path:
+    """Call ``write(temporary_path)``, then rename the temporary file onto ``path``. A reader sees the old file
+    or the whole new one, never half of one; of two writers the last rename wins with a complete file. The
+    temporary file sits beside ``path`` (a rename across file systems would not be atomic) and goes on failure."""
+    import tempfile
+
+    path = Path(path)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(temporary))
+        os.chmod(temporary, 0o644)  # mkstemp makes 0600; an output is an ordinary file
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+    return path

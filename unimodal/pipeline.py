@@ -18,6 +18,7 @@ math lives elsewhere: the codecs in ``tokenizers_mm``, sampling in :func:`infere
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -43,12 +44,16 @@ from tokenizers_mm.image import ImageCodec, ImageVQModel
 from tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
 from tokenizers_mm.text import TextCodec
 from tokenizers_mm.vocoder import MelVocoder
-from unimodal.errors import DataError, InputError
+from unimodal.checks import check_model_folder, check_to
+from unimodal.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
+                             StepsCappedWarning, UnimodalError, UnknownWordsWarning)
+from unimodal.grammar import unknown_words
 from unimodal.inputs import as_audio, as_image, as_text
 from unimodal.results import GenerationResult
 
 PIPELINE_INDEX = "model_index.json"
 TRAINING_CONFIG = "training_config.json"
+VOCABULARY_FILE = "vocabulary.json"  # the words the training captions used (unimodal.grammar.known_vocabulary)
 REQUEST_KEYS = ("text", "image", "audio", "to", "seed", "max_text_tokens", "max_audio_seconds")
 SETTING_KEYS = ("steps", "mode", "schedule", "tau", "temperature", "top_k", "top_p", "cfg", "seed",
                 "block_length", "block_mode", "max_batch_size", "choice_temperature")
@@ -66,7 +71,7 @@ class UniModal(DiffusionPipeline):
 
     def __init__(self, backbone: DiT, tokenizer: PreTrainedTokenizerFast, image_vq: ImageVQModel,
                  audio_vq: AudioVQModel, scheduler: MaskedDiffusionScheduler, vocoder: MelVocoder | None = None,
-                 layout: dict | None = None, task_weights: dict | None = None):
+                 layout: dict | None = None, task_weights: dict | None = None, vocabulary: dict | None = None):
         super().__init__()
         if layout is None:
             raise DataError("a UniModal pipeline needs its layout (the shared vocabulary of the trained model); "
@@ -74,7 +79,8 @@ class UniModal(DiffusionPipeline):
         layout = layout if isinstance(layout, Layout) else Layout.from_dict(layout)
         self.register_modules(backbone=backbone, tokenizer=tokenizer, image_vq=image_vq, audio_vq=audio_vq,
                               scheduler=scheduler, vocoder=vocoder)
-        self.register_to_config(layout=layout.to_dict(), task_weights=dict(task_weights) if task_weights else None)
+        self.register_to_config(layout=layout.to_dict(), task_weights=dict(task_weights) if task_weights else None,
+                                vocabulary=dict(vocabulary) if vocabulary else None)
         self.layout = layout
         self._codecs: dict[str, object] = {}
         self._lock = threading.RLock()
@@ -87,15 +93,18 @@ class UniModal(DiffusionPipeline):
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> "UniModal":
         """Load a saved pipeline (a folder with ``model_index.json``) or a training run's model folder
         (``backbone/``, ``layout.json``, ``text/``, ``image/``, ``audio/``, as ``unimodal train`` writes it)."""
-        folder = Path(pretrained_model_name_or_path).expanduser()
-        if not folder.is_dir():
-            raise InputError(f"model folder {str(folder)!r} does not exist; give a folder written by "
-                             f"`unimodal train` (OUT/model) or by UniModal.save_pretrained")
-        if (folder / PIPELINE_INDEX).is_file():
-            kwargs.setdefault("local_files_only", True)
-            return super().from_pretrained(str(folder), **kwargs)
-        if (folder / "backbone").is_dir() and (folder / LAYOUT_FILE).is_file():
-            return cls.from_model_folder(folder, torch_dtype=kwargs.get("torch_dtype"))
+        folder = check_model_folder(pretrained_model_name_or_path)  # damaged files named before torch reads them
+        try:
+            if (folder / PIPELINE_INDEX).is_file():
+                kwargs.setdefault("local_files_only", True)
+                return super().from_pretrained(str(folder), **kwargs)
+            if (folder / "backbone").is_dir() and (folder / LAYOUT_FILE).is_file():
+                return cls.from_model_folder(folder, torch_dtype=kwargs.get("torch_dtype"))
+        except UnimodalError:
+            raise
+        except (OSError, ValueError, KeyError, RuntimeError, json.JSONDecodeError) as error:
+            # What the header check cannot see (a wrong shape, a bad config value) still names the folder.
+            raise ModelFolderError(f"cannot load the model in {folder}: {type(error).__name__}: {error}") from error
         raise DataError(f"{folder} is not a unimodal model folder: expected either {PIPELINE_INDEX} (a saved "
                         f"pipeline) or backbone/ and {LAYOUT_FILE} with text/, image/ and audio/ codecs (the model "
                         f"folder a training run writes, OUT/model)")
@@ -112,7 +121,7 @@ class UniModal(DiffusionPipeline):
                    image_vq=ImageCodec.from_pretrained(_codec_folder(folder, "image")).model,
                    audio_vq=audio.model, vocoder=audio.vocoder,
                    scheduler=MaskedDiffusionScheduler(), layout=Layout.load(folder).to_dict(),
-                   task_weights=_training_task_weights(folder))
+                   task_weights=_training_task_weights(folder), vocabulary=_vocabulary(folder))
 
     def _check_components(self) -> None:
         layout = self.layout
@@ -193,34 +202,80 @@ class UniModal(DiffusionPipeline):
         return self.generate_batch([request], steps=steps, mode=mode, tau=tau, temperature=temperature,
                                    top_k=top_k, top_p=top_p, cfg=cfg, seed=seed, progress=progress, **settings)[0]
 
-    def generate_batch(self, requests: Sequence[Mapping], progress: bool = False,
-                       **settings) -> list[GenerationResult]:
+    def generate_batch(self, requests: Sequence[Mapping], progress: bool = False, errors: str = "raise",
+                       **settings) -> list[GenerationResult | UnimodalError]:
         """Many requests in one batched sampler call; one :class:`GenerationResult` per request, in order.
 
         Each request is a dict with keys among ``text``, ``image``, ``audio`` (inputs), ``to``, ``seed``,
         ``max_text_tokens``, ``max_audio_seconds``; ``settings`` are :meth:`generate`'s sampling keywords,
         shared by all. Request ``i`` without its own seed uses ``seed + i``, so ``generate_batch`` gives what
-        ``generate(seed=seed + i)`` gives one by one.
+        ``generate(seed=seed + i)`` gives one by one. Every request is checked and its inputs read before any
+        sampling starts. ``errors="raise"`` (default): the first bad request raises its error; ``"return"``:
+        a bad request's place in the list holds its error (a :class:`UnimodalError`) and the others their
+        results, the same results they would get without it.
         """
+        if errors not in ("raise", "return"):
+            raise InputError(f"errors must be 'raise' or 'return', got {errors!r}")
         if isinstance(requests, Mapping) or not isinstance(requests, Sequence) or not requests:
             raise InputError("generate_batch takes a non-empty list of request dicts, e.g. "
                              "[{'text': 'a red circle', 'to': 'image'}]")
-        config = self._sampler_config(settings)  # validates the settings before any input is read
+        self._sampler_config(settings)  # validates the settings before any input is read
         with self._lock:
-            prepared = [self._prepare(spec, index, len(requests) > 1) for index, spec in enumerate(requests)]
-            self._encode_inputs(prepared)
-            kinds: dict[str | None, list[int]] = {}  # requests that take the same per-target defaults
-            for index, item in enumerate(prepared):
-                if item.seed is None and config.seed is not None:
-                    item.seed = config.seed + index  # as one call would give it, whatever the grouping
-                kinds.setdefault(self.scheduler.target_kind(item.targets), []).append(index)
-            results: list[GenerationResult | None] = [None] * len(prepared)
-            for kind, indices in kinds.items():
-                group = [prepared[i] for i in indices]
-                group_config = self._sampler_config(settings, kind)
-                for index, result in zip(indices, self._decode(group, group_config, progress)):
-                    results[index] = result
+            prepared = self._prepare_all(requests, errors == "raise")
+            ready = [item for item in prepared if isinstance(item, _Prepared)]
+            self._encode_inputs(ready)
+            results: list = list(prepared)  # errors stay in their place
+            for (kind, steps), group in self._groups(ready, settings).items():
+                config = dataclasses.replace(self._sampler_config(settings, kind), steps=steps)
+                for item, result in zip(group, self._decode(group, config, progress)):
+                    results[item.index] = result
             return results
+
+    def _prepare_all(self, requests: Sequence, raise_errors: bool) -> list:
+        """Each request checked and its inputs read (files, tokens), or, when not raising, its error."""
+        prepared = []
+        for index, spec in enumerate(requests):
+            try:
+                item = self._prepare(spec, index, len(requests) > 1)
+                self._read_inputs(item)
+            except UnimodalError as error:
+                if raise_errors:
+                    raise
+                item = error
+            prepared.append(item)
+        return prepared
+
+    def _groups(self, ready: list["_Prepared"], settings: Mapping) -> dict[tuple, list["_Prepared"]]:
+        """Requests that can share one sampler call: the same per-target defaults and the same steps after
+        capping (so a request gets the same tokens alone or in any batch)."""
+        groups: dict[tuple, list[_Prepared]] = {}
+        base_seed = settings.get("seed", 0)
+        for item in ready:
+            if item.seed is None and base_seed is not None:
+                item.seed = base_seed + item.index  # as one call would give it, whatever the grouping
+            kind = self.scheduler.target_kind(item.targets)
+            steps = self._capped_steps(item, self._sampler_config(settings, kind), settings.get("steps") is not None)
+            groups.setdefault((kind, steps), []).append(item)
+        return groups
+
+    def _capped_steps(self, item: "_Prepared", config: SamplerConfig, asked: bool) -> int:
+        """``config.steps``, or the most steps that can each commit a token when there are more (the sampler
+        would skip the rest), so ``result.settings`` says what ran. Steps the caller ``asked`` for are capped
+        with a warning; a default (32 steps for a caption of 13 slots) quietly."""
+        if self.autoregressive:
+            return config.steps  # ignored by the twin, one token per call
+        slots = sum(self.layout.max_content_len("image") if segment.modality == "image" else segment.slots
+                    for segment in item.target_segments)  # the masked slots: an image's END is fixed
+        limit = min(slots, config.block_length) if config.mode == "semi_ar" else slots
+        if config.steps <= limit or not asked:
+            return min(config.steps, limit)
+        slots_kind = "slots of a block" if config.mode == "semi_ar" else "slots to fill"
+        message = (f"{item.where}steps={config.steps} is more than the {limit} {slots_kind}; capped to {limit} "
+                   f"(result.settings['steps']; result.steps counts the model calls made)")
+        warnings.warn(message, StepsCappedWarning, stacklevel=4)
+        item.notes.append(message)
+        item.steps_requested = config.steps
+        return limit
 
     def _decode(self, prepared: list["_Prepared"], config: SamplerConfig, progress: bool) -> list[GenerationResult]:
         decode = generate_autoregressive if self.autoregressive else sample
@@ -237,10 +292,10 @@ class UniModal(DiffusionPipeline):
     def _sampler_config(self, settings: Mapping, targets: str | None = None) -> SamplerConfig:
         unknown = sorted(set(settings) - set(SETTING_KEYS))
         if unknown:
-            raise InputError(f"unknown setting(s) {unknown}; accepted: {', '.join(SETTING_KEYS)}")
+            raise SettingError(f"unknown setting(s) {unknown}; accepted: {', '.join(SETTING_KEYS)}")
         seed = settings.get("seed", 0)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**62):
-            raise InputError(f"seed must be a non-negative int (or None for a fresh one), got {seed!r}")
+            raise SettingError(f"seed must be a non-negative int (or None for a fresh one), got {seed!r}")
         values = {k: v for k, v in settings.items() if k != "seed" and v is not None}
         try:
             defaults = self.scheduler.target_defaults(targets)
@@ -248,7 +303,7 @@ class UniModal(DiffusionPipeline):
                 defaults = {k: v for k, v in defaults.items() if k in ("temperature", "top_k", "top_p")}
             config = self.scheduler.sampler_config(**{**defaults, **values})
         except InputError as error:  # name the argument as the caller wrote it
-            raise InputError(str(error).replace("SamplerConfig.", "")) from None
+            raise SettingError(str(error).replace("SamplerConfig.", "")) from None
         return SamplerConfig(**{**config.__dict__, "seed": seed})
 
     def _prepare(self, spec, index: int, in_batch: bool) -> "_Prepared":
@@ -260,7 +315,7 @@ class UniModal(DiffusionPipeline):
         if unknown:
             raise InputError(f"{where}unknown request key(s) {unknown}; accepted: {', '.join(REQUEST_KEYS)} "
                              f"(sampling settings such as steps are keywords of generate_batch)")
-        item = _Prepared(index, where, targets=_parse_to(spec.get("to", "image"), where))
+        item = _Prepared(index, where, targets=check_to(spec.get("to", "image"), where))
         item.inputs = self._raw_inputs(spec, where)
         self._check_directions(item, where)
         item.seed = _request_seed(spec.get("seed"), where)
@@ -272,7 +327,7 @@ class UniModal(DiffusionPipeline):
         text = inputs.get("text")
         if isinstance(text, str) and not text.strip():
             if len(inputs) == 1:
-                raise InputError(f"{where}text is empty and there is no other input; give a non-empty prompt, "
+                raise EmptyInputError(f"{where}text is empty and there is no other input; give a non-empty prompt, "
                                  f"an image or audio, or no input at all for unconditional generation")
             del inputs["text"]  # an empty prompt beside another input means no prompt
         return inputs
@@ -310,32 +365,50 @@ class UniModal(DiffusionPipeline):
             return layout.target_segment("audio", codes + 1)
         return layout.target_segment(modality)
 
-    def _encode_inputs(self, prepared: list["_Prepared"]) -> None:
-        """Local ids of every input; text and images in one codec call each."""
-        self._encode_texts([item for item in prepared if "text" in item.inputs])
-        self._encode_images([item for item in prepared if "image" in item.inputs])
-        for item in prepared:
-            if "audio" in item.inputs:
-                self._encode_audio_input(item)
-
-    def _encode_texts(self, items: list["_Prepared"]) -> None:
-        texts = [as_text(item.inputs["text"], _name(item, "text")) for item in items]
-        for item, ids in zip(items, self.text_codec.encode(texts) if texts else []):
+    def _read_inputs(self, item: "_Prepared") -> None:
+        """Each input checked and read into the codec's form. Text is tokenized here, one prompt at a time
+        (cheap), so a prompt too long fails its own request only."""
+        if "text" in item.inputs:
+            text = as_text(item.inputs["text"], _name(item, "text"))
+            self._warn_unknown_words(item, text)
+            ids = self.text_codec.encode([text])[0]
             if len(ids) > self.layout.max_text_len:
                 raise InputError(f"{_name(item, 'text')} is {len(ids)} tokens; this model reads at most "
                                  f"{self.layout.max_text_len}. Shorten the prompt")
             item.conditions["text"] = ids
+        if "image" in item.inputs:
+            item.image = as_image(item.inputs["image"], self.image_codec.image_size, _name(item, "image"))
+        if "audio" in item.inputs:
+            item.wave = as_audio(item.inputs["audio"], name=_name(item, "audio"))
 
-    def _encode_images(self, items: list["_Prepared"]) -> None:
-        arrays = [as_image(item.inputs["image"], self.image_codec.image_size, _name(item, "image")) for item in items]
-        if arrays:
-            for item, ids in zip(items, self.image_codec.encode(np.stack(arrays)).cpu()):
+    def _warn_unknown_words(self, item: "_Prepared", text: str) -> None:
+        """Warn (and note in the result) when a model that knows its training vocabulary gets other words:
+        the shipped model draws "a white hexagon" as some colour and shape it knows."""
+        vocabulary = self.config.vocabulary
+        unknown = unknown_words(text, vocabulary["words"]) if vocabulary else []
+        if not unknown:
+            return
+        known = "; ".join(f"{kind} {', '.join(vocabulary[kind])}" for kind in
+                          ("colors", "shapes", "sizes", "positions", "relations", "digits") if vocabulary.get(kind))
+        message = (f"{_name(item, 'text')} uses words this model never saw in training: "
+                   f"{', '.join(map(repr, unknown))}; expect them to be ignored or drawn as something else. "
+                   f"It knows {known}")
+        warnings.warn(message, UnknownWordsWarning, stacklevel=5)
+        item.notes.append(message)
+
+    def _encode_inputs(self, prepared: list["_Prepared"]) -> None:
+        """Local ids of the image and audio inputs (text was tokenized as it was read); images in one call."""
+        images = [item for item in prepared if item.image is not None]
+        if images:
+            for item, ids in zip(images, self.image_codec.encode(np.stack([i.image for i in images])).cpu()):
                 item.conditions["image"] = ids
+        for item in prepared:
+            if item.wave is not None:
+                self._encode_audio_input(item)
 
     def _encode_audio_input(self, item: "_Prepared") -> None:
         layout = self.layout
-        wave = torch.tensor(as_audio(item.inputs["audio"], name=_name(item, "audio")), dtype=torch.float32)
-        ids = self._encode_audio(wave)
+        ids = self._encode_audio(torch.tensor(item.wave, dtype=torch.float32))
         if len(ids) > layout.max_audio_len:  # as in training, which cut audio to the layout's maximum
             warnings.warn(f"{_name(item, 'audio')} is {len(ids) / layout.audio_frame_rate:.1f} s; the model "
                           f"reads its first {layout.max_audio_len / layout.audio_frame_rate:.1f} s")
@@ -387,6 +460,9 @@ class _Prepared:
         self.target_segments: list = []
         self.seed: int | None = None
         self.notes: list[str] = []
+        self.image: np.ndarray | None = None  # the image input, read and resized
+        self.wave: np.ndarray | None = None  # the audio input, mono at 16 kHz
+        self.steps_requested: int | None = None  # set when steps were capped
 
     def request(self) -> Request:
         conditions = [(m, self.conditions[m]) for m in MODALITIES if m in self.conditions]
@@ -433,22 +509,6 @@ def _name(item: _Prepared, modality: str) -> str:
     return f"{item.where}{modality}"
 
 
-def _parse_to(to, where: str) -> list[str]:
-    """``"image"``, ``"image,audio"`` or ``["image", "audio"]`` -> modalities in canonical order."""
-    accepted = "'text', 'image', 'audio', or several as a list or comma-separated string (e.g. 'image,audio')"
-    if isinstance(to, str):
-        names = [name.strip() for name in to.split(",")]
-    elif isinstance(to, Sequence) and all(isinstance(name, str) for name in to):
-        names = [name.strip() for name in to]
-    else:
-        raise InputError(f"{where}to must be {accepted}; got {to!r}")
-    unknown = [name for name in names if name not in MODALITIES]
-    if unknown or not names:
-        raise InputError(f"{where}unknown output {', '.join(map(repr, unknown)) or 'none'} in to={to!r}; "
-                         f"accepted: {accepted}")
-    return [m for m in MODALITIES if m in names]
-
-
 def _request_seed(seed, where: str) -> int | None:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**62):
         raise InputError(f"{where}seed must be a non-negative int (or None), got {seed!r}")
@@ -469,6 +529,8 @@ def _settings(config: SamplerConfig, item: _Prepared, result: SampleResult) -> d
     settings.update(seed=result.seed, guidance_passes=result.guidance_passes, to=list(item.targets),
                     inputs=[m for m in MODALITIES if m in item.conditions],
                     commits_per_step=list(result.commits_per_step))
+    if item.steps_requested is not None:
+        settings["steps_requested"] = item.steps_requested
     if item.notes:
         settings["notes"] = list(item.notes)
     return settings
@@ -481,6 +543,11 @@ def _codec_folder(folder: Path, modality: str) -> Path:
     if not found.is_dir():
         raise DataError(f"{folder} has no {modality} codec (expected {base}/); the model folder is incomplete")
     return found
+
+
+def _vocabulary(folder: Path) -> dict | None:
+    path = folder / VOCABULARY_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def _training_task_weights(folder: Path) -> dict | None:

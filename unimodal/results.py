@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from unimodal.errors import InputError
+from unimodal.errors import InputError, OutputPathError
+from unimodal.paths import OUTPUT_SUFFIXES, atomic_write
 
 SAMPLE_RATE = 16_000
 
@@ -44,22 +45,34 @@ class GenerationResult:
                 "forward_passes": self.forward_passes, "steps": self.steps, "settings": self.settings}
 
     def save(self, path: str | os.PathLike) -> list[Path]:
-        """Save by extension: ``.png`` the image, ``.wav`` the audio, ``.txt`` the text, ``.json`` the summary.
-        A path without one of these extensions is a folder that receives every output. Returns the files."""
-        path = Path(path)
-        writers = {".png": self._save_image, ".wav": self._save_audio, ".txt": self._save_text, ".json": self._save_json}
-        if path.suffix.lower() in writers:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            writers[path.suffix.lower()](path)
+        """Save by extension: ``.png`` / ``.jpg`` the image, ``.wav`` / ``.flac`` the audio, ``.txt`` the text,
+        ``.json`` the summary. An existing folder or a path without an extension is a folder that receives every
+        output; any other extension is refused. Each file is written whole or not at all (a temporary file,
+        then a rename), so a reader never sees half a file. Returns the files."""
+        from unimodal.checks import output_kind
+
+        path = Path(path).expanduser()
+        kind = output_kind(path)
+        if kind is not None:
+            self._write(path)
             return [path]
-        path.mkdir(parents=True, exist_ok=True)
         files = [path / f"{m}{ext}" for m, ext in (("text", ".txt"), ("image", ".png"), ("audio", ".wav"))
-                 if getattr(self, m) is not None]
+                 if getattr(self, m) is not None] + [path / "result.json"]
         for file in files:
-            writers[file.suffix](file)
-        files.append(path / "result.json")
-        self._save_json(files[-1])
+            self._write(file)
         return files
+
+    def _write(self, path: Path) -> None:
+        kind, suffix = OUTPUT_SUFFIXES[path.suffix.lower()], path.suffix.lower()
+        write = {"image": self._save_image, "audio": self._save_audio, "text": self._save_text,
+                 "json": self._save_json}[kind]
+        if kind != "json":
+            self._need(kind)  # before any folder is made
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, lambda temporary: write(temporary, suffix))
+        except OSError as error:
+            raise OutputPathError(f"cannot write {str(path)!r}: {error.strerror or error}") from None
 
     def _need(self, modality: str):
         value = getattr(self, modality)
@@ -68,16 +81,20 @@ class GenerationResult:
                              f"ask for to='{modality}' or save another file type")
         return value
 
-    def _save_image(self, path: Path) -> None:
-        self._need("image").save(path)
+    # The writers take the format from the final name's suffix: the temporary file they write has another.
 
-    def _save_audio(self, path: Path) -> None:
+    def _save_image(self, path: Path, suffix: str) -> None:
+        image = self._need("image")
+        image.convert("RGB").save(path, format="JPEG" if suffix in (".jpg", ".jpeg") else "PNG")
+
+    def _save_audio(self, path: Path, suffix: str) -> None:
         import soundfile as sf
 
-        sf.write(str(path), np.asarray(self._need("audio"), dtype=np.float32), self.sample_rate)
+        sf.write(str(path), np.asarray(self._need("audio"), dtype=np.float32), self.sample_rate,
+                 format="FLAC" if suffix == ".flac" else "WAV")
 
-    def _save_text(self, path: Path) -> None:
+    def _save_text(self, path: Path, suffix: str) -> None:
         path.write_text(self._need("text") + "\n", encoding="utf-8")
 
-    def _save_json(self, path: Path) -> None:
+    def _save_json(self, path: Path, suffix: str) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")

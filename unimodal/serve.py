@@ -10,8 +10,9 @@ Requests (one JSON object per line on stdin)::
 
 ``op`` defaults to ``generate``. Inputs: ``text`` (a string), ``image`` / ``audio`` (file paths). ``to``: a
 modality, a list or ``"image,audio"``. ``out`` (optional): a file whose extension names the output
-(``.png`` image, ``.wav`` audio, ``.txt`` text, ``.json`` the summary), a list of such files, or a folder that
-receives every output. Settings: ``steps``, ``mode``, ``tau``, ``temperature``, ``top_k``, ``top_p``, ``cfg``,
+(``.png`` / ``.jpg`` image, ``.wav`` / ``.flac`` audio, ``.txt`` text, ``.json`` the summary), a list of such files,
+or a folder that receives every output. Each request is checked (:func:`unimodal.checks.check_request`) before
+anything runs; the error ``type`` names the cause (``InputFileError``, ``TextEncodingError``, ...). Settings: ``steps``, ``mode``, ``tau``, ``temperature``, ``top_k``, ``top_p``, ``cfg``,
 ``seed``, ``max_text_tokens``, ``max_audio_seconds``, ``schedule``, ``block_length``, ``block_mode``.
 
 Responses (one JSON object per line on stdout, in request order)::
@@ -34,15 +35,12 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
-from unimodal.errors import InputError, UnimodalError
+from unimodal.checks import (GENERATE_KEYS, INPUT_KEYS, SETTING_KEYS, CheckedRequest, check_device,  # noqa: F401
+                             check_model_folder, check_request, plan_outputs)
+from unimodal.errors import DeviceError, InputError, UnimodalError
 
-INPUT_KEYS = ("text", "image", "audio")
-SETTING_KEYS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "seed", "max_text_tokens",
-                "max_audio_seconds", "schedule", "block_length", "block_mode", "choice_temperature")
-GENERATE_KEYS = INPUT_KEYS + ("to", "out") + SETTING_KEYS
 OPS = ("generate", "ping", "shutdown")
 LATER_OPS = ("edit", "refine", "critique")  # arrive with the edit / refine issue
-OUTPUT_OF_SUFFIX = {".png": "image", ".wav": "audio", ".txt": "text", ".json": "json"}
 MODEL_ENV = "UNIMODAL_MODEL"
 
 
@@ -64,61 +62,52 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
                      f"unimodal train --preset small --data scenes --out runs/small")
 
 
+def check_model(model: str | os.PathLike | None, device: str | None = None) -> Path:
+    """The model folder and device checked without loading anything: call before :func:`load_pipeline` so a
+    wrong one is refused at once."""
+    check_device(device)
+    return check_model_folder(resolve_model_dir(model))
+
+
 def load_pipeline(model: str | os.PathLike | None, device: str | None = None):
+    folder = check_model(model, device)
     import torch
 
     from unimodal.pipeline import UniModal
 
-    pipe = UniModal.from_pretrained(resolve_model_dir(model))
+    pipe = UniModal.from_pretrained(folder)
     pipe.set_progress_bar_config(disable=True)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return pipe.to(device)
+    try:
+        return pipe.to(device)
+    except (RuntimeError, AssertionError) as error:  # a GPU that is listed but unusable (driver, memory)
+        raise DeviceError(f"cannot move the model to {device!r}: {error}") from None
 
 
 # ---- one generate request (CLI and server) ------------------------------------------------------------------
 
 
-def run_generate(pipe, request: Mapping, progress: bool = False) -> dict:
+def run_generate(pipe, request: Mapping, progress: bool = False, checked: CheckedRequest | None = None) -> dict:
     """Generate what ``request`` asks (keys: :data:`GENERATE_KEYS`), save it to ``out``; the JSON-ready result
-    with ``files``: {output: absolute path}."""
-    unknown = sorted(set(request) - set(GENERATE_KEYS))
-    if unknown:
-        raise InputError(f"unknown key(s) {unknown} in a generate request; accepted: {', '.join(GENERATE_KEYS)}")
-    settings = {key: request[key] for key in SETTING_KEYS if request.get(key) is not None}
-    inputs = {key: request[key] for key in INPUT_KEYS if request.get(key) is not None}
-    result = pipe.generate(**inputs, to=request.get("to", "image"), progress=progress, **settings)
-    files = save_outputs(result, request.get("out"))
+    with ``files``: {output: absolute path}. ``checked``: the request already checked by the caller."""
+    checked = checked or check_request(request)
+    result = pipe.generate(**checked.inputs, to=checked.to, progress=progress, **checked.settings)
+    files = save_outputs(result, checked.outputs)
     return {**result.to_dict(), "files": files}
 
 
-def save_outputs(result, out) -> dict[str, str]:
-    """Save ``result`` to ``out``: None (nothing), one file, a list of files (by extension) or a folder.
-
-    Every image/audio output needs a place once ``out`` is given; text is also in the result itself.
-    """
-    if out is None:
-        return {}
-    paths = [out] if isinstance(out, (str, os.PathLike)) else out
-    if not isinstance(paths, (list, tuple)) or not paths or not all(isinstance(p, (str, os.PathLike)) for p in paths):
-        raise InputError(f"out must be a file path, a list of file paths or a folder, got {out!r}")
-    paths = [Path(p).expanduser() for p in paths]
-    if len(paths) == 1 and (paths[0].is_dir() or not paths[0].suffix):  # a folder gets everything
-        return {path.stem if path.stem != "result" else "json": str(path.resolve()) for path in result.save(paths[0])}
-    by_output = {}
-    for path in paths:
-        kind = OUTPUT_OF_SUFFIX.get(path.suffix.lower())
-        if kind is None or kind in by_output:
-            why = "has no known extension" if kind is None else f"is a second {kind} file"
-            raise InputError(f"out path {str(path)!r} {why}; give one file per output ({', '.join(OUTPUT_OF_SUFFIX)}) "
-                             f"or one folder")
-        by_output[kind] = path
-    missing = [m for m in result.modalities if m != "text" and m not in by_output]
-    if missing:
-        raise InputError(f"no out path for the {', '.join(missing)} output; give one file per output "
-                         f"(e.g. image.png audio.wav) or one folder")
-    for kind, path in by_output.items():
+def save_outputs(result, outputs) -> dict[str, str]:
+    """Save ``result`` where :func:`unimodal.checks.plan_outputs` planned (``{kind: file}`` or
+    ``{"folder": folder}``); a raw ``out`` (None, a path, a list of paths) is planned first. Every image/audio
+    output needs a place once ``out`` is given; text is also in the result itself."""
+    if not isinstance(outputs, Mapping):
+        outputs = plan_outputs(outputs, list(result.modalities))
+    if "folder" in outputs:
+        saved = result.save(outputs["folder"])
+        return {path.stem if path.stem != "result" else "json": str(path.resolve()) for path in saved}
+    for path in outputs.values():
         result.save(path)
-    return {kind: str(path.resolve()) for kind, path in by_output.items()}
+    return {kind: str(path.resolve()) for kind, path in outputs.items()}
 
 
 # ---- the stdio server ---------------------------------------------------------------------------------------
@@ -142,13 +131,20 @@ def handle(pipe, request, model_dir: str = "") -> tuple[dict, bool]:
 
 
 def _error(error: BaseException) -> dict:
-    if not isinstance(error, (UnimodalError, NotImplementedError)) or os.environ.get("UNIMODAL_DEBUG"):
+    if os.environ.get("UNIMODAL_DEBUG"):
         traceback.print_exception(error, file=sys.stderr)
+    elif not isinstance(error, (UnimodalError, NotImplementedError)):  # a bug: one line, the trace on request
+        print(f"unimodal serve: internal error {type(error).__name__}: {error} (UNIMODAL_DEBUG=1 prints the "
+              f"traceback)", file=sys.stderr)
     return {"type": type(error).__name__, "message": str(error)}
 
 
 def serve_stdio(pipe, stdin=None, stdout=None, model_dir: str = "") -> int:
     """Answer requests line by line until ``shutdown`` or the end of ``stdin``; 0 on a clean end."""
+    if stdin is None and hasattr(sys.stdin, "reconfigure"):
+        # Undecodable bytes become lone surrogates, which the request check refuses by name, instead of a
+        # UnicodeDecodeError that would end the server.
+        sys.stdin.reconfigure(errors="surrogateescape")
     stdin = sys.stdin if stdin is None else stdin
     stdout = sys.stdout if stdout is None else stdout
     real_stdout, sys.stdout = sys.stdout, sys.stderr  # stray prints must not corrupt the protocol

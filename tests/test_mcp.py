@@ -1,0 +1,118 @@
+"""`unimodal serve --mcp` driven by the official MCP SDK's own client over stdio, as an agent would: the server is
+a subprocess serving a tiny untrained model folder."""
+
+import base64
+import io
+import json
+import os
+import sys
+
+import anyio
+import numpy as np
+import pytest
+import soundfile as sf
+from PIL import Image
+
+pytest.importorskip("mcp")
+
+from mcp import Client, StdioServerParameters  # noqa: E402
+
+from conftest import write_tiny_model  # noqa: E402
+from unimodal.grammar import known_vocabulary  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def model_with_vocabulary(tiny_codec_dir, tmp_path_factory):
+    """A tiny model folder (prompts up to 32 tokens) plus the vocabulary.json the shipped model carries."""
+    folder = write_tiny_model(tiny_codec_dir, tmp_path_factory.mktemp("mcp-model") / "model", max_text_len=32)
+    (folder / "vocabulary.json").write_text(json.dumps({"data": ["scenes"], **known_vocabulary()}))
+    return folder
+
+
+def serve(model_dir, out_dir):
+    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": REPO, "UNIMODAL_CACHE": os.environ["UNIMODAL_CACHE"]}
+    return Client(StdioServerParameters(command=sys.executable, cwd=REPO, env=env,
+                                        args=["-m", "unimodal.cli", "serve", "--mcp", "--model", str(model_dir),
+                                              "--out-dir", str(out_dir)]), read_timeout_seconds=120)
+
+
+def texts(result):
+    return [block.text for block in result.content if block.type == "text"]
+
+
+def summary(result):
+    return json.loads(texts(result)[-1])
+
+
+async def session(model_dir, tmp_path):
+    Image.new("RGB", (64, 64), (220, 40, 40)).save(tmp_path / "red.png")
+    sf.write(tmp_path / "clip.wav", (0.2 * np.sin(np.arange(8000) / 6)).astype(np.float32), 16000)
+    seen = {}
+    async with serve(model_dir, tmp_path / "outputs") as client:
+        seen["tools"] = (await client.list_tools()).tools
+        seen["resources"] = [str(r.uri) for r in (await client.list_resources()).resources]
+        seen["vocabulary"] = json.loads((await client.read_resource("unimodal://vocabulary")).contents[0].text)
+        seen["missing file"] = await client.call_tool("generate", {"image": str(tmp_path / "nope.png"), "to": "text"})
+        seen["steps 0"] = await client.call_tool("generate", {"text": "a red circle", "steps": 0})
+        seen["speech"] = await client.call_tool("generate", {"text": "a red circle", "to": "audio", "steps": 2})
+        seen["bad out"] = await client.call_tool("generate", {"text": "a red circle", "out": str(tmp_path / "a.mp4")})
+        seen["image"] = await client.call_tool("generate", {"text": "a white hexagon", "to": "image", "steps": 2})
+        seen["caption"] = await client.call_tool("generate", {"image": str(tmp_path / "red.png"), "to": "text",
+                                                              "steps": 2, "out": str(tmp_path / "caption.txt")})
+        seen["joint"] = await client.call_tool("generate", {"audio": str(tmp_path / "clip.wav"),
+                                                            "to": ["text", "image"], "steps": 2,
+                                                            "out": str(tmp_path / "joint")})
+    return seen
+
+
+@pytest.fixture(scope="module")
+def seen(model_with_vocabulary, tmp_path_factory):
+    return anyio.run(session, model_with_vocabulary, tmp_path_factory.mktemp("mcp-session"))
+
+
+def test_generate_is_listed_with_a_schema_for_every_argument(seen):
+    (tool,) = [t for t in seen["tools"] if t.name == "generate"]
+    properties = tool.input_schema["properties"]
+    expected = {"to", "text", "image", "audio", "out", "steps", "mode", "tau", "temperature", "top_k", "top_p",
+                "cfg", "choice_temperature", "seed", "max_text_tokens", "max_audio_seconds"}
+    assert set(properties) == expected
+    assert all(properties[name].get("description") for name in expected)
+    assert {"minimum": 1, "type": "integer"} in properties["steps"]["anyOf"]
+
+
+def test_the_vocabulary_is_a_resource(seen):
+    assert {"unimodal://vocabulary", "unimodal://model"} <= set(seen["resources"])
+    assert seen["vocabulary"]["colors"] == known_vocabulary()["colors"]
+    assert "circle" in seen["vocabulary"]["shapes"]
+
+
+def test_bad_calls_are_tool_errors_that_name_the_cause(seen):
+    assert seen["missing file"].is_error and "InputFileError" in texts(seen["missing file"])[0]
+    assert seen["steps 0"].is_error and "greater than or equal to 1" in texts(seen["steps 0"])[0]
+    assert seen["bad out"].is_error and "OutputPathError" in texts(seen["bad out"])[0]
+
+
+def test_the_server_keeps_serving_after_bad_calls(seen, tmp_path_factory):
+    image = seen["image"]
+    assert not image.is_error
+    (picture,) = [block for block in image.content if block.type == "image"]
+    assert picture.mime_type == "image/png"
+    assert Image.open(io.BytesIO(base64.b64decode(picture.data))).size == (64, 64)
+    files = summary(image)["files"]
+    assert os.path.isfile(files["image"]) and os.path.isfile(files["json"])
+    assert any("never saw" in w and "'white'" in w and "'hexagon'" in w for w in summary(image)["warnings"])
+
+
+def test_text_comes_back_as_text_and_audio_as_a_file(seen):
+    caption = seen["caption"]
+    assert not caption.is_error and len(texts(caption)) == 2
+    assert summary(caption)["text"] == texts(caption)[0]
+    assert open(summary(caption)["files"]["text"]).read().strip() == texts(caption)[0].strip()
+    assert not seen["joint"].is_error, texts(seen["joint"])
+    joint = summary(seen["joint"])
+    assert joint["modalities"] == ["text", "image"] and set(joint["files"]) == {"text", "image", "json"}
+    speech = seen["speech"]
+    assert not speech.is_error and [block.type for block in speech.content] == ["text"]  # the summary only
+    assert sf.info(summary(speech)["files"]["audio"]).samplerate == 16000
