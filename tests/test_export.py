@@ -52,3 +52,28 @@ def test_exported_model_loads_and_refuses_a_non_model(tiny_model_dir, tmp_path):
     assert len(result.token_ids["image"]) == 64 and result.image.size == (64, 64)
     with pytest.raises(DataError, match="not a model folder"):
         export_model(tmp_path, tmp_path / "nothing")
+
+
+def test_int8_export_stores_matrices_in_int8_and_loads_back_within_half_a_step(tiny_model_dir, tmp_path):
+    from unimodal.int8 import INT8_FILE, SCALE_SUFFIX, dequantize_state, quantize_state
+    from unimodal.pipeline import UniModal
+
+    out = export_model(tiny_model_dir, tmp_path / "int8", int8=True)
+    assert not list(out.rglob("diffusion_pytorch_model.safetensors"))
+    stored = load_file(out / "backbone" / INT8_FILE)
+    assert stored["blocks.0.attn.qkv.weight"].dtype == torch.int8
+    assert stored["blocks.0.attn.qkv.bias"].dtype == torch.float16
+    codebook = [k for k in load_file(out / "image" / "vq" / INT8_FILE) if k.endswith("quantize.codebook")]
+    assert codebook and load_file(out / "image" / "vq" / INT8_FILE)[codebook[0]].dtype == torch.float16
+    source, shipped = UniModal.from_pretrained(tiny_model_dir), UniModal.from_pretrained(out)
+    for (name, a), (_, b) in zip(source.backbone.state_dict().items(), shipped.backbone.state_dict().items()):
+        assert b.dtype == torch.float32
+        if a.dim() >= 2:  # within half a quantisation step of each row
+            step = a.abs().flatten(1).amax(dim=1) / 127
+            assert ((a - b).abs().flatten(1) <= step[:, None] * 0.5 + 1e-3).all(), name
+    result = shipped.generate(text="a red circle", to="image", steps=2, seed=0)
+    assert len(result.token_ids["image"]) == 64
+    weights = {"w": torch.tensor([[1.0, -0.5], [0.0, 0.0]]), "b": torch.tensor([0.25])}
+    packed = quantize_state(weights)
+    assert packed["w"].tolist() == [[127, -64], [0, 0]] and "w" + SCALE_SUFFIX in packed
+    assert torch.allclose(dequantize_state(packed)["w"], weights["w"], atol=1 / 254)

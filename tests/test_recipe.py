@@ -140,6 +140,7 @@ def test_pack_round_trip_and_training_from_a_pack_without_codecs(tiny_codec_dir,
     model_dir = train(tmp_path / "run", [str(path)], None, _cfg(steps=2, model_overrides=wide), progress=False,
                       options=RunOptions(shard_mb=1, half=True))
     assert not (model_dir / "image").exists()  # no codecs on a pack-only machine
+    assert json.loads((model_dir / "vocabulary.json").read_text())["data"] == ["scenes"]
     shards = sorted((model_dir / "backbone").glob("*.safetensors"))
     assert len(shards) >= 2 and all(s.stat().st_size <= 1_000_000 for s in shards)
     from safetensors.torch import load_file

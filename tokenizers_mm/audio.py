@@ -30,6 +30,7 @@ from torch import nn
 
 from tokenizers_mm.image import CosineEMAQuantizer
 from unimodal.errors import DataError, InputError
+from unimodal.int8 import load_pretrained
 
 SAMPLE_RATE = 16_000
 SILENCE_CODE = 0
@@ -342,8 +343,8 @@ class AudioCodec:
         if (directory / cls.VOCODER).is_dir():
             from tokenizers_mm.vocoder import MelVocoder, check_vocoder_fits
 
-            vocoder = MelVocoder.from_pretrained(directory / cls.VOCODER)
-        model = AudioVQModel.from_pretrained(directory / cls.WEIGHTS)
+            vocoder = load_pretrained(MelVocoder, directory / cls.VOCODER)
+        model = load_pretrained(AudioVQModel, directory / cls.WEIGHTS)
         if vocoder is not None:
             check_vocoder_fits(model, vocoder, str(directory / cls.VOCODER))
         codec = cls(model, vocoder)

@@ -29,6 +29,7 @@ from PIL import Image
 from torch import nn
 
 from unimodal.errors import InputError
+from unimodal.int8 import load_pretrained
 
 
 class CosineEMAQuantizer(nn.Module):
@@ -223,4 +224,4 @@ class ImageCodec:
         directory = Path(directory)
         if not (directory / cls.WEIGHTS).is_dir():
             raise InputError(f"{directory} holds no image codec (expected a {cls.WEIGHTS}/ folder)")
-        return cls(ImageVQModel.from_pretrained(directory / cls.WEIGHTS))
+        return cls(load_pretrained(ImageVQModel, directory / cls.WEIGHTS))

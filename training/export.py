@@ -16,8 +16,9 @@ from tokenizers_mm import get_codec_class
 from tokenizers_mm.layout import LAYOUT_FILE
 from training.tokens import CODEC_MODALITIES, codec_folder
 from unimodal.errors import DataError
+from unimodal.int8 import convert_folder_to_int8, load_pretrained
 
-MODEL_FILES = (LAYOUT_FILE, "training_config.json")
+MODEL_FILES = (LAYOUT_FILE, "training_config.json", "vocabulary.json")
 
 
 def export_codecs(source: str | Path, out: str | Path) -> Path:
@@ -30,10 +31,11 @@ def export_codecs(source: str | Path, out: str | Path) -> Path:
     return out
 
 
-def export_model(model_dir: str | Path, out: str | Path, codecs: str | Path | None = None) -> Path:
+def export_model(model_dir: str | Path, out: str | Path, codecs: str | Path | None = None, int8: bool = False) -> Path:
     """A training run's model folder (``OUT/model``) re-saved for shipping: float16 backbone and codecs, the
     layout and training config as they are. Written beside ``out`` and renamed into place. ``codecs``: take
-    the codecs from this folder instead (a run on a pack has none); their layout must be the model's."""
+    the codecs from this folder instead (a run on a pack has none); their layout must be the model's. ``int8``:
+    matrices stored as int8 with per-row scales (:mod:`unimodal.int8`), half the float16 size."""
     model_dir, out = Path(model_dir), Path(out)
     if not (model_dir / "backbone").is_dir() or not (model_dir / LAYOUT_FILE).is_file():
         raise DataError(f"{model_dir} is not a model folder (expected backbone/ and {LAYOUT_FILE}, as "
@@ -42,12 +44,14 @@ def export_model(model_dir: str | Path, out: str | Path, codecs: str | Path | No
         _check_codecs_fit(model_dir, codecs)
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    backbone = DiT.from_pretrained(model_dir / "backbone")
+    backbone = load_pretrained(DiT, model_dir / "backbone")
     backbone.half().save_pretrained(staging / "backbone")
     for name in MODEL_FILES:
         if (model_dir / name).is_file():
             shutil.copy2(model_dir / name, staging / name)
     _write_codecs(model_dir if codecs is None else codecs, staging)
+    if int8:
+        convert_folder_to_int8(staging)
     _publish(staging, out)
     return out
 

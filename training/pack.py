@@ -120,7 +120,10 @@ def build_pack(data: list[str], codec_dir: str | Path, out: str | Path, max_audi
                 splits.setdefault(split, []).extend(tokenized_split(stack, codec_dir, source, split, progress))
     if "train" not in splits:
         raise DataError(f"{data}: no training split to pack")
+    from training.train import dataset_names
+
     meta = {"codec_fingerprint": stack.fingerprint(codec_dir), "sources": [str(s) for s in sources],
+            "datasets": dataset_names(sources),
             "max_audio_seconds": max_audio_seconds or MAX_AUDIO_SECONDS}
     path = pack_tokens(splits, stack.layout, out, meta)
     if path.stat().st_size > MAX_PACK_BYTES:

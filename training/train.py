@@ -32,6 +32,7 @@ from training.schedule import MaskSchedule
 from training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, TaskMixture, build_example, collate_examples
 from training.tokens import MAX_AUDIO_SECONDS
 from unimodal.errors import InputError
+from unimodal.int8 import load_pretrained
 
 OBJECTIVES = ("diffusion", "ar")  # masked diffusion (the model) or next-token prediction (its autoregressive twin)
 VAL_RATIOS = (0.15, 0.35, 0.55, 0.75, 0.95)  # fixed mask ratios of the validation loss (low variance)
@@ -335,12 +336,14 @@ def resolve_data(names: list[str] | tuple[str, ...]) -> list[Path]:
 
 
 def write_model_folder(directory: Path, model: DiT, ema: EMA, layout, codec_dir: Path | None, cfg: TrainConfig,
-                       shard_mb: int | None = None, half: bool = False) -> Path:
+                       shard_mb: int | None = None, half: bool = False, datasets: list[str] | None = None) -> Path:
     """A self-describing model folder: backbone (EMA weights), layout.json, the three codecs, the config.
 
     ``codec_dir`` None (a run on a pack, e.g. on a GPU machine without the codecs): the folder has no codecs
     yet; ``unimodal export-model --codecs`` adds them. ``shard_mb``/``half``: safetensors shards of at most
-    that many MB, float16 (what comes back from a GPU machine, whose files are limited to 16 MiB each)."""
+    that many MB, float16 (what comes back from a GPU machine, whose files are limited to 16 MiB each).
+    ``datasets``: the embedded sets trained on; their caption vocabulary goes into ``vocabulary.json`` so the
+    pipeline can warn about prompt words the model never saw."""
     import shutil
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -357,6 +360,10 @@ def write_model_folder(directory: Path, model: DiT, ema: EMA, layout, codec_dir:
             shutil.copytree(codec_folder(codec_dir, modality), directory / modality, dirs_exist_ok=True)
     with open(directory / "training_config.json", "w") as f:
         json.dump(asdict(cfg), f, indent=2)
+    if datasets:
+        from unimodal.grammar import known_vocabulary
+
+        (directory / "vocabulary.json").write_text(json.dumps({"data": datasets, **known_vocabulary()}, indent=2))
     return directory
 
 
@@ -371,7 +378,7 @@ def load_initial_weights(model: DiT, source: str | Path, layout, log: bool = Tru
     if not (folder / "backbone").is_dir():
         raise InputError(f"--init-from {source}: not a model folder (expected {folder / 'backbone'}; use a "
                          f"training run's OUT/model or unimodal/default_model)")
-    source_model = DiT.from_pretrained(folder / "backbone")
+    source_model = load_pretrained(DiT, folder / "backbone")
     differ = {k: (v, model.config.get(k)) for k, v in source_model.config.items()
               if not k.startswith("_") and k != "causal" and model.config.get(k) != v}
     if differ:  # same shapes are not enough: e.g. another head count reads the same weights differently
@@ -409,6 +416,22 @@ class RunData:
     codec_dir: Path | None
     sources: list[str]
     fingerprint: str | None = None
+    datasets: list[str] | None = None  # names of the embedded sets trained on; None when any data is the user's
+
+
+EMBEDDED_SETS = ("scenes", "digits")
+
+
+def dataset_names(sources: list[Path]) -> list[str] | None:
+    """The embedded set each built data folder holds (its info.json's name); None if any source is not one."""
+    names = []
+    for source in sources:
+        info = source / "info.json"
+        name = json.loads(info.read_text()).get("name") if info.is_file() else None
+        if name not in EMBEDDED_SETS:
+            return None
+        names.append(name)
+    return list(dict.fromkeys(names))
 
 
 def load_run_data(data: list[str], codec_dir, cfg: TrainConfig, accelerator, progress: bool) -> RunData:
@@ -420,7 +443,7 @@ def load_run_data(data: list[str], codec_dir, cfg: TrainConfig, accelerator, pro
             raise InputError(f"--data: a pack holds a whole training set; give it alone, got {data}")
         pack = load_pack(data[0])
         return RunData(pack.layout, pack.splits["train"], pack.splits.get("val", []), None, [str(data[0])],
-                       pack.fingerprint)
+                       pack.fingerprint, pack.meta.get("datasets"))
     from training.tokens import CodecStack
 
     codec_dir = Path(codec_dir)
@@ -430,7 +453,8 @@ def load_run_data(data: list[str], codec_dir, cfg: TrainConfig, accelerator, pro
         show = progress and accelerator.is_main_process
         train_tokens = _load_tokens(stack, codec_dir, data_dirs, "train", show)
         val_tokens = _load_tokens(stack, codec_dir, data_dirs, "val", show)
-    return RunData(stack.layout, train_tokens, val_tokens, codec_dir, [str(d) for d in data_dirs])
+    return RunData(stack.layout, train_tokens, val_tokens, codec_dir, [str(d) for d in data_dirs],
+                   datasets=dataset_names(data_dirs))
 
 
 @dataclass
@@ -573,7 +597,8 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
             record["val"] = validation_losses(model, run.layout, run.val, mixture, cfg, val_spec)
         history.append(record)
         if accelerator.is_main_process and step + 1 in cfg.snapshots:
-            write_model_folder(out_dir / f"model-step{step + 1}", model, ema, run.layout, run.codec_dir, cfg)
+            write_model_folder(out_dir / f"model-step{step + 1}", model, ema, run.layout, run.codec_dir, cfg,
+                               datasets=run.datasets)
         if accelerator.is_main_process and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps
                                             or stopping):
             _save_checkpoint(ckpt_path, cfg, model, optimizer, ema, history, step + 1, run)
@@ -590,7 +615,7 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
         with open(out_dir / "replica_checksums.json", "w") as f:
             json.dump(checksums, f)
         write_model_folder(out_dir / "model", model, ema, run.layout, run.codec_dir, cfg, options.shard_mb,
-                           options.half)
+                           options.half, run.datasets)
         write_history(out_dir, history, cfg.objective)
     return out_dir / "model"
 
@@ -633,6 +658,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size, help="global batch size")
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--lr", type=float, default=TrainConfig.lr)
+    parser.add_argument("--warmup", type=int, default=TrainConfig.warmup, help="learning-rate warm-up steps")
     parser.add_argument("--val-every", type=int, default=TrainConfig.val_every)
     parser.add_argument("--checkpoint-every", type=int, default=TrainConfig.checkpoint_every)
     precision = parser.add_mutually_exclusive_group()
@@ -722,7 +748,7 @@ def run_from_args(args) -> int:
     if args.shard_mb is not None and args.shard_mb < 1:
         raise InputError(f"--shard-mb must be a positive number of MB, got {args.shard_mb}")
     cfg = cli_config(TrainConfig, args.out, args.resume, args.steps, preset=args.preset, batch_size=args.batch_size,
-                     grad_accum=args.grad_accum, lr=args.lr, val_every=args.val_every,
+                     grad_accum=args.grad_accum, lr=args.lr, warmup=args.warmup, val_every=args.val_every,
                      checkpoint_every=args.checkpoint_every, bf16=args.bf16, seed=args.seed,
                      loss_weighting=args.loss_weighting, loss_norm=args.loss_norm,
                      objective=args.objective, train_subset=args.train_subset, snapshots=args.snapshots,

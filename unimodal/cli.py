@@ -285,13 +285,15 @@ def add_train_command(sub) -> None:
                         help="codec folder to add (a run on a pack, e.g. from a GPU machine, has none); must be the "
                              "codecs the pack was made with")
     export.add_argument("--out", default="unimodal/default_model")
+    export.add_argument("--int8", action="store_true", help="store matrices as int8 with per-row scales (half the "
+                                                            "float16 size; VQ codebooks and vectors stay float16)")
     export.set_defaults(func=_cmd_export_model)
 
 
 def _cmd_export_model(args) -> int:
     from training.export import export_model
 
-    print(export_model(args.model, args.out, codecs=args.codecs))
+    print(export_model(args.model, args.out, codecs=args.codecs, int8=args.int8))
     return 0
 
 

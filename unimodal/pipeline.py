@@ -49,6 +49,7 @@ from unimodal.errors import (DataError, EmptyInputError, InputError, ModelFolder
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
 from unimodal.grammar import unknown_words
 from unimodal.inputs import as_audio, as_image, as_text
+from unimodal.int8 import load_pretrained
 from unimodal.results import GenerationResult
 
 PIPELINE_INDEX = "model_index.json"
@@ -113,7 +114,7 @@ class UniModal(DiffusionPipeline):
     def from_model_folder(cls, folder: str | os.PathLike, torch_dtype: torch.dtype | None = None) -> "UniModal":
         """Build the pipeline from a training run's model folder (see ``training.train.write_model_folder``)."""
         folder = Path(folder)
-        backbone = DiT.from_pretrained(folder / "backbone")
+        backbone = load_pretrained(DiT, folder / "backbone")
         if torch_dtype is not None:
             backbone = backbone.to(torch_dtype)
         audio = AudioCodec.from_pretrained(_codec_folder(folder, "audio"))
