@@ -114,6 +114,9 @@ class LossSpec:
         if self.normalise not in NORMALISERS:
             raise ValueError(f"loss normalisation must be one of {NORMALISERS}, got {self.normalise!r}")
 
+    def to(self, device) -> "LossSpec":
+        return LossSpec(self.vocab and self.vocab.to(device), self.weighting, self.normalise)
+
 
 def sparse_diffusion_loss(head, hidden: torch.Tensor, segment_ids: torch.Tensor, batch: MaskedBatch,
                           vocab: TargetVocab, weighting: str = "elbo",

@@ -241,10 +241,12 @@ class EMA:
     @torch.no_grad()
     def update(self, model: torch.nn.Module, step: int) -> None:
         decay = min(self.decay, (1 + step) / (10 + step))  # short warm-up: early weights are noise
-        for key, value in model.state_dict().items():
-            if value.is_floating_point():
-                self.shadow[key].mul_(decay).add_(value.detach().float(), alpha=1 - decay)
-            else:
+        state = model.state_dict()
+        floats = [key for key, value in state.items() if value.is_floating_point()]
+        # one fused kernel per group of tensors instead of two per tensor: it matters on a GPU
+        torch._foreach_lerp_([self.shadow[k] for k in floats], [state[k].detach().float() for k in floats], 1 - decay)
+        for key, value in state.items():
+            if not value.is_floating_point():
                 self.shadow[key].copy_(value)
 
 
@@ -524,16 +526,80 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
     cfg, state = resumed_config(TrainConfig, cfg, ckpt_path, resume)
     deadline = Deadline(options.max_minutes)
     accelerator = _accelerator(cfg, options, progress)
-    world, rank = accelerator.num_processes, accelerator.process_index
+    world, rank, main = accelerator.num_processes, accelerator.process_index, accelerator.is_main_process
     if cfg.batch_size % (world * cfg.grad_accum):
         raise InputError(f"batch size {cfg.batch_size} must divide evenly over {world} processes x "
                          f"{cfg.grad_accum} accumulation steps")
     run = load_run_data(data, codec_dir, cfg, accelerator, progress)
-    train_tokens = run.train
-    if cfg.train_subset is not None:
-        if cfg.train_subset > len(train_tokens):
-            raise InputError(f"train_subset {cfg.train_subset} is more than the {len(train_tokens)} training samples")
-        train_tokens = train_tokens[:cfg.train_subset]
+    train_tokens = _subset(run.train, cfg.train_subset)
+    model, runner, optimizer, ema, history, start = _prepared_model(cfg, run, state, options, accelerator, progress)
+    mixture, schedule = TaskMixture(cfg.task_weights, cfg.cond_drop), MaskSchedule()
+    spec, val_spec = cfg.loss_spec(run.layout).to(accelerator.device), validation_spec(run.layout).to(accelerator.device)
+    workers = options.workers if options.workers is not None else (
+        min(8, max(0, (os.cpu_count() or 1) - 2)) if accelerator.device.type == "cuda" else 0)
+    bar = tqdm(total=cfg.steps, initial=start, desc="train", disable=not (progress and main))
+    runner.train()
+    step_times: list[float] = []
+    for step, generator_seed, chunks in step_batches(run.layout, train_tokens, cfg, start, rank, world, workers):
+        if step >= cfg.steps:  # --fit-steps shortened the run below what the loader was asked for
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.lr * lr_factor(cfg, step)
+        t0 = time.perf_counter()
+        record = _optimizer_step(runner, optimizer, accelerator, chunks, cfg, schedule, spec,
+                                 torch.Generator().manual_seed(generator_seed))
+        ema.update(model, step)
+        step_times.append(time.perf_counter() - t0)
+        deadline.step_took(step_times[-1])
+        if options.fit_steps and len(step_times) == FIT_AFTER_STEPS and deadline.end is not None:
+            cfg.steps = bar.total = fitted_steps(step + 1, step_times, deadline, cfg.steps)
+            if progress and main:
+                print(f"\n--fit-steps: {cfg.steps} steps fit the budget (median step "
+                      f"{float(np.median(step_times[-10:])):.3f} s)", flush=True)
+        stopping = deadline.reached() and step + 1 < cfg.steps
+        record = {"step": step + 1, "lr": cfg.lr * lr_factor(cfg, step), **record,
+                  "tokens_per_s": record.pop("tokens") * world / step_times[-1]}
+        bar.update(1)
+        bar.set_postfix(loss=f"{record['train_loss']:.3f}", acc=f"{record['accuracy']:.2f}",
+                        tok_s=f"{record['tokens_per_s']:.0f}")
+        if (step + 1) % cfg.val_every == 0 or step + 1 == cfg.steps or stopping:
+            record["val"] = validation_losses(model, run.layout, run.val, mixture, cfg, val_spec)
+        history.append(record)
+        if main and step + 1 in cfg.snapshots:
+            write_model_folder(out_dir / f"model-step{step + 1}", model, ema, run.layout, run.codec_dir, cfg,
+                               datasets=run.datasets)
+        if main and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps or stopping):
+            _save_checkpoint(ckpt_path, cfg, model, optimizer, ema, history, step + 1, run)
+            write_history(out_dir, history, cfg.objective)
+        if stopping:
+            if progress and main:
+                print(f"\nstopping at step {step + 1} of {cfg.steps}: the --max-minutes {options.max_minutes} "
+                      f"budget is nearly spent (resume with --resume)", flush=True)
+            break
+    bar.close()
+    accelerator.wait_for_everyone()
+    checksums = replica_checksums(accelerator, model)
+    if main:
+        with open(out_dir / "replica_checksums.json", "w") as f:
+            json.dump(checksums, f)
+        write_model_folder(out_dir / "model", model, ema, run.layout, run.codec_dir, cfg, options.shard_mb,
+                           options.half, run.datasets)
+        write_history(out_dir, history, cfg.objective)
+    return out_dir / "model"
+
+
+def _subset(tokens: list[dict], subset: int | None) -> list[dict]:
+    if subset is None:
+        return tokens
+    if subset > len(tokens):
+        raise InputError(f"train_subset {subset} is more than the {len(tokens)} training samples")
+    return tokens[:subset]
+
+
+def _prepared_model(cfg: TrainConfig, run: RunData, state: dict | None, options: RunOptions, accelerator,
+                    progress: bool):
+    """The model (fresh, fine-tuned from ``init_from`` or resumed), the runner accelerate prepared (compiled on
+    CUDA unless told), the optimizer, the EMA, the history and the step to start from."""
     torch.manual_seed(cfg.seed)
     model = DiT.from_preset(cfg.preset, run.layout.vocab_size, **{**cfg.model_overrides,
                                                                   "causal": cfg.autoregressive})
@@ -549,75 +615,26 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
     model.to(accelerator.device)
     runner, optimizer = accelerator.prepare(CompiledForward(model) if compiled else model, optimizer)
     ema.to(accelerator.device)
-    mixture, schedule = TaskMixture(cfg.task_weights, cfg.cond_drop), MaskSchedule()
-    spec = cfg.loss_spec(run.layout)
-    spec = LossSpec(spec.vocab and spec.vocab.to(accelerator.device), spec.weighting, spec.normalise)
-    val_spec = validation_spec(run.layout)
-    val_spec = LossSpec(val_spec.vocab.to(accelerator.device), val_spec.weighting, val_spec.normalise)
-    workers = options.workers if options.workers is not None else (
-        min(8, max(0, (os.cpu_count() or 1) - 2)) if accelerator.device.type == "cuda" else 0)
-    bar = tqdm(total=cfg.steps, initial=start, desc="train", disable=not (progress and accelerator.is_main_process))
-    runner.train()
-    step_times: list[float] = []
-    for step, generator_seed, chunks in step_batches(run.layout, train_tokens, cfg, start, rank, world, workers):
-        if step >= cfg.steps:  # --fit-steps shortened the run below what the loader was asked for
-            break
-        for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * lr_factor(cfg, step)
-        generator = torch.Generator().manual_seed(generator_seed)
-        t0, tokens_seen, examples, losses = time.perf_counter(), 0, 0, []
-        for batch in chunks:
-            tokens_seen += int(batch.batch.attention_mask.sum())
-            examples += len(batch.tasks)
-            with accelerator.accumulate(runner):
-                loss, acc = objective_loss(runner, batch, cfg, schedule, generator, spec)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and cfg.grad_clip:
-                    accelerator.clip_grad_norm_(runner.parameters(), cfg.grad_clip)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.detach())
-        ema.update(model, step)
-        step_seconds = time.perf_counter() - t0
-        deadline.step_took(step_seconds)
-        step_times.append(step_seconds)
-        if options.fit_steps and len(step_times) == FIT_AFTER_STEPS and deadline.end is not None:
-            cfg.steps = fitted_steps(step + 1, step_times, deadline, cfg.steps)
-            bar.total = cfg.steps
-            if progress and accelerator.is_main_process:
-                print(f"\n--fit-steps: {cfg.steps} steps fit the budget (median step "
-                      f"{float(np.median(step_times[-10:])):.3f} s)", flush=True)
-        stopping = deadline.reached() and step + 1 < cfg.steps
-        record = {"step": step + 1, "train_loss": float(torch.stack(losses).mean()), "lr": cfg.lr * lr_factor(cfg, step),
-                  "tokens_per_s": tokens_seen * world / step_seconds, "tokens_per_example": tokens_seen / examples}
-        bar.update(1)
-        bar.set_postfix(loss=f"{record['train_loss']:.3f}", acc=f"{float(acc):.2f}",
-                        tok_s=f"{record['tokens_per_s']:.0f}")
-        if (step + 1) % cfg.val_every == 0 or step + 1 == cfg.steps or stopping:
-            record["val"] = validation_losses(model, run.layout, run.val, mixture, cfg, val_spec)
-        history.append(record)
-        if accelerator.is_main_process and step + 1 in cfg.snapshots:
-            write_model_folder(out_dir / f"model-step{step + 1}", model, ema, run.layout, run.codec_dir, cfg,
-                               datasets=run.datasets)
-        if accelerator.is_main_process and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps
-                                            or stopping):
-            _save_checkpoint(ckpt_path, cfg, model, optimizer, ema, history, step + 1, run)
-            write_history(out_dir, history, cfg.objective)
-        if stopping:
-            if progress and accelerator.is_main_process:
-                print(f"\nstopping at step {step + 1} of {cfg.steps}: the --max-minutes {options.max_minutes} "
-                      f"budget is nearly spent (resume with --resume)", flush=True)
-            break
-    bar.close()
-    accelerator.wait_for_everyone()
-    checksums = replica_checksums(accelerator, model)
-    if accelerator.is_main_process:
-        with open(out_dir / "replica_checksums.json", "w") as f:
-            json.dump(checksums, f)
-        write_model_folder(out_dir / "model", model, ema, run.layout, run.codec_dir, cfg, options.shard_mb,
-                           options.half, run.datasets)
-        write_history(out_dir, history, cfg.objective)
-    return out_dir / "model"
+    return model, runner, optimizer, ema, history, start
+
+
+def _optimizer_step(runner, optimizer, accelerator, chunks, cfg: TrainConfig, schedule: MaskSchedule,
+                    spec: LossSpec, generator: torch.Generator) -> dict:
+    """One optimizer step over the step's micro-batches; returns its loss, accuracy and size."""
+    tokens, examples, losses = 0, 0, []
+    for batch in chunks:
+        tokens += int(batch.batch.attention_mask.sum())
+        examples += len(batch.tasks)
+        with accelerator.accumulate(runner):
+            loss, acc = objective_loss(runner, batch, cfg, schedule, generator, spec)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and cfg.grad_clip:
+                accelerator.clip_grad_norm_(runner.parameters(), cfg.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    return {"train_loss": float(torch.stack(losses).mean()), "accuracy": float(acc), "tokens": tokens,
+            "tokens_per_example": tokens / examples}
 
 
 def fitted_steps(done: int, step_times: list[float], deadline: Deadline, asked: int) -> int:
