@@ -73,6 +73,14 @@ def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf1
     """One optimizer step = ``grad_accum`` length-grouped micro-batches of the ``batch_size`` examples, as the
     trainer does it. ``compile``: the forward under ``torch.compile`` (its compile time is in the warm-up).
     ``sparse``: the loss's logits only where it reads them (False: the whole vocabulary at every position)."""
+    return bench_train_side_by_side(preset, batch_size, steps, bf16, grad_accum, compile, (sparse,))[0]
+
+
+def bench_train_side_by_side(preset: str = "small", batch_size: int = 16, steps: int = 5, bf16: bool = True,
+                             grad_accum: int = 1, compile: bool = False,
+                             sparse: tuple[bool, ...] = (False, True)) -> list[TrainBenchResult]:
+    """:func:`bench_train` for several loss heads on the same model and batches, their timed steps interleaved
+    (dense, sparse, dense, ...) so that a machine whose load changes during the run slows each alike."""
     layout, examples = synthetic_examples(batch_size)
     batches = [collate_examples(chunk) for chunk in length_grouped(examples, grad_accum)]
     torch.manual_seed(0)
@@ -80,35 +88,36 @@ def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf1
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
     runner = CompiledForward(model) if compile else model
-    spec = LossSpec(TargetVocab(layout) if sparse else None)
 
-    def one_step():
+    def one_step(spec: LossSpec) -> float:
+        start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         for batch in batches:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 loss, _ = step_loss(runner, batch, MaskSchedule(), generator, spec)
             (loss / len(batches)).backward()
         optimizer.step()
+        return time.perf_counter() - start
 
-    one_step()  # warm-up (and compilation)
-    if compile:
-        one_step()  # dynamic shapes may compile a second graph
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        one_step()
-        times.append(time.perf_counter() - start)
-    step_s = float(np.median(times))
+    specs = [LossSpec(TargetVocab(layout) if flag else None) for flag in sparse]
+    for spec in specs:
+        one_step(spec)  # warm-up (and compilation)
+        if compile:
+            one_step(spec)  # dynamic shapes may compile a second graph
+    times = [[one_step(spec) for spec in specs] for _ in range(steps)]  # (steps, variants)
+    peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
     tokens = sum(int(b.batch.attention_mask.sum()) for b in batches)
     padded = sum(b.batch.ids.numel() for b in batches)
     seq_len = max(b.batch.ids.shape[1] for b in batches)
-    model_flops = sum(3 * flops_per_token(model, b.batch.ids.shape[1]) * int(b.batch.attention_mask.sum())
-                      for b in batches) / step_s
-    peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
-    return TrainBenchResult(preset, sum(p.numel() for p in model.parameters()) / 1e6, torch.get_num_threads(),
-                            batch_size, grad_accum, seq_len, tokens / padded, bf16, step_s, tokens / step_s,
-                            model_flops / 1e12, peak32 / 1e12, peak16 / 1e12,
-                            model_flops / (peak16 if bf16 else peak32), compile, sparse)
+    flops = sum(3 * flops_per_token(model, b.batch.ids.shape[1]) * int(b.batch.attention_mask.sum()) for b in batches)
+    results = []
+    for index, flag in enumerate(sparse):
+        step_s = float(np.median([row[index] for row in times]))
+        results.append(TrainBenchResult(preset, sum(p.numel() for p in model.parameters()) / 1e6,
+                                        torch.get_num_threads(), batch_size, grad_accum, seq_len, tokens / padded,
+                                        bf16, step_s, tokens / step_s, flops / step_s / 1e12, peak32 / 1e12,
+                                        peak16 / 1e12, flops / step_s / (peak16 if bf16 else peak32), compile, flag))
+    return results
 
 
 def format_result(r: TrainBenchResult) -> str:

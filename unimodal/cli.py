@@ -300,17 +300,18 @@ def _cmd_export_model(args) -> int:
 def _cmd_bench_train(args) -> int:
     import torch
 
-    from training.bench import bench_train, format_result, result_dict
+    from training.bench import bench_train_side_by_side, format_result, result_dict
 
     if args.threads:
         torch.set_num_threads(args.threads)
     results = []
     for bf16 in ([True, False] if args.compare_fp32 else [not args.no_bf16]):
         for compiled in ([False, True] if args.compile else [False]):
-            for sparse in ([False, True] if args.compare_dense else [True]):
-                results.append(bench_train(args.preset, args.batch_size, args.steps, bf16=bf16,
-                                           grad_accum=args.grad_accum, compile=compiled, sparse=sparse))
-                print(format_result(results[-1]), flush=True)
+            heads = (False, True) if args.compare_dense else (True,)
+            for result in bench_train_side_by_side(args.preset, args.batch_size, args.steps, bf16=bf16,
+                                                   grad_accum=args.grad_accum, compile=compiled, sparse=heads):
+                results.append(result)
+                print(format_result(result), flush=True)
             if args.compare_dense:
                 print(f"  sparse logits speed-up (bf16={bf16}, compiled={compiled}): "
                       f"{results[-2].step_seconds / results[-1].step_seconds:.2f}x", flush=True)
