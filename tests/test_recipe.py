@@ -48,7 +48,7 @@ def test_sparse_loss_equals_the_dense_loss_over_each_slots_allowed_ids():
         for span in spans:
             allowed[row, span.start:span.end] = layout.allowed_ids(span.modality)
     restricted = out.logits.masked_fill(~allowed, -1e9)
-    vocab = TargetVocab(layout)
+    vocab = TargetVocab.of(layout)
     for weighting in ("elbo", "clipped", "flat"):
         for normalise in ("real", "maskable"):
             dense = masked_diffusion_loss(restricted, masked, weighting, normalise)
@@ -85,7 +85,7 @@ def test_step_loss_sparse_and_dense_agree_on_gradients_of_the_trunk():
     torch.manual_seed(0)
     model = DiT.from_preset("tiny", layout.vocab_size)
     t = torch.full((4,), 0.5)
-    loss, _ = step_loss(model, batch, MaskSchedule(), torch.Generator().manual_seed(0), LossSpec(TargetVocab(layout)), t=t)
+    loss, _ = step_loss(model, batch, MaskSchedule(), torch.Generator().manual_seed(0), LossSpec(TargetVocab.of(layout)), t=t)
     loss.backward()
     assert all(p.grad is not None for p in model.parameters())  # every weight takes part (DDP needs it)
     assert torch.isfinite(loss)

@@ -99,7 +99,7 @@ def bench_train_side_by_side(preset: str = "small", batch_size: int = 16, steps:
         optimizer.step()
         return time.perf_counter() - start
 
-    specs = [LossSpec(TargetVocab(layout) if flag else None) for flag in sparse]
+    specs = [LossSpec(TargetVocab.of(layout) if flag else None) for flag in sparse]
     for spec in specs:
         one_step(spec)  # warm-up (and compilation)
         if compile:

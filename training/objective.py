@@ -80,23 +80,27 @@ def masked_diffusion_loss(logits: torch.Tensor, batch: MaskedBatch, weighting: s
     return (per_sample / normaliser(batch, normalise)).mean()
 
 
+@dataclass(frozen=True)
 class TargetVocab:
-    """Per modality, the ids its slots may hold (``Layout.allowed_ids``) and each id's index among them."""
+    """Per segment id, the ids its slots may hold (``ids``, from ``Layout.allowed_ids``) and each shared id's
+    index among them (``index``: (V,), -1 where the modality cannot hold the id)."""
 
-    def __init__(self, layout: Layout):
-        self.ids, self.index = {}, {}
+    ids: dict[int, torch.Tensor]
+    index: dict[int, torch.Tensor]
+
+    @classmethod
+    def of(cls, layout: Layout) -> "TargetVocab":
+        ids, index = {}, {}
         for modality in MODALITIES:
             allowed = layout.allowed_ids(modality)
-            self.ids[SEGMENT_IDS[modality]] = allowed.nonzero().squeeze(1)  # (V_m,)
-            index = torch.full((layout.vocab_size,), -1, dtype=torch.long)
-            index[allowed] = torch.arange(int(allowed.sum()))
-            self.index[SEGMENT_IDS[modality]] = index  # (V,) -1 where the modality cannot hold the id
+            ids[SEGMENT_IDS[modality]] = allowed.nonzero().squeeze(1)  # (V_m,)
+            index[SEGMENT_IDS[modality]] = torch.full((layout.vocab_size,), -1, dtype=torch.long)
+            index[SEGMENT_IDS[modality]][allowed] = torch.arange(int(allowed.sum()))
+        return cls(ids, index)
 
     def to(self, device) -> "TargetVocab":
-        moved = object.__new__(TargetVocab)
-        moved.ids = {k: v.to(device) for k, v in self.ids.items()}
-        moved.index = {k: v.to(device) for k, v in self.index.items()}
-        return moved
+        return TargetVocab({k: v.to(device) for k, v in self.ids.items()},
+                           {k: v.to(device) for k, v in self.index.items()})
 
 
 @dataclass(frozen=True)

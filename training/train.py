@@ -80,7 +80,7 @@ class TrainConfig:
                              f"got {self.loss_weighting!r} and {self.loss_norm!r}")
 
     def loss_spec(self, layout) -> LossSpec:
-        return LossSpec(TargetVocab(layout) if self.sparse_head else None, self.loss_weighting, self.loss_norm)
+        return LossSpec(TargetVocab.of(layout) if self.sparse_head else None, self.loss_weighting, self.loss_norm)
 
     @property
     def autoregressive(self) -> bool:
@@ -253,7 +253,7 @@ class EMA:
 def validation_spec(layout) -> LossSpec:
     """The validation loss is the ELBO per real target token whatever the recipe trains with, so runs with
     different weightings stay comparable."""
-    return LossSpec(TargetVocab(layout), "elbo", "real")
+    return LossSpec(TargetVocab.of(layout), "elbo", "real")
 
 
 @torch.no_grad()
