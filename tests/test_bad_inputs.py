@@ -319,3 +319,57 @@ def test_any_request_is_checked_or_refused_with_a_unimodal_error(request):
         checks.check_request(request)
     except UnimodalError:
         pass
+
+
+# ---- training data: `unimodal train --data` refuses what it cannot train on, in one line -----------------------
+
+
+def train_cli(capsys, tmp_path, codec_dir, data):
+    """`unimodal train` in this process on a tiny preset and one step (should a bad entry ever be accepted)."""
+    from unimodal.cli import main
+
+    code = main(["train", "--data", str(data), "--codecs", str(codec_dir), "--out", str(tmp_path / "run"),
+                 "--preset", "tiny", "--steps", "1", "--batch-size", "2"])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    return code, err
+
+
+def test_training_data_that_cannot_be_trained_on_is_refused(tiny_codec_dir, tiny_scenes, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("a red circle\n")
+    (tmp_path / "fake.pack.safetensors").write_text("not a pack")
+    weights = next(tiny_codec_dir.rglob("*.safetensors"))
+    shutil.copy(weights, tmp_path / "weights.pack.safetensors")  # a safetensors file, but not a pack
+    cases = [("imagenet", "neither an embedded set"), (tmp_path / "empty", "neither an embedded set"),
+             (tmp_path / "notes.txt", "neither an embedded set"), ("", "--data"),
+             (tmp_path / "gone.pack.safetensors", "no such pack file"),
+             (tmp_path / "fake.pack.safetensors", "not a readable pack"),
+             (tmp_path / "weights.pack.safetensors", "pack format"),
+             (f"{tmp_path / 'weights.pack.safetensors'},{tiny_scenes}", "alone")]
+    for data, message in cases:
+        code, err = train_cli(capsys, tmp_path, tiny_codec_dir, data)
+        assert code == 2 and err.startswith("error: ") and message in err, (data, err)
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def test_a_bad_manifest_line_stops_training_naming_the_line(tiny_codec_dir, tmp_path, capsys):
+    Image.new("RGB", (64, 64), (200, 0, 0)).save(tmp_path / "red.png")
+    manifest = tmp_path / "data.jsonl"
+    manifest.write_text(json.dumps({"text": "a red square", "image": "red.png"}) + "\n" +
+                        json.dumps({"image": "missing.png"}) + "\n")
+    code, err = train_cli(capsys, tmp_path, tiny_codec_dir, manifest)
+    assert code == 2 and "line 2" in err and "cannot read image" in err, err
+
+
+def test_a_pack_without_training_samples_is_refused(tiny_codec_dir, tmp_path, capsys):
+    import torch
+
+    from training.pack import pack_tokens
+    from training.tokens import CodecStack
+
+    layout = CodecStack.load(tiny_codec_dir).layout
+    pack = pack_tokens({"train": [], "val": [{"text": torch.tensor([1, 2])}]}, layout,
+                       tmp_path / "val-only.pack.safetensors", {"codec_fingerprint": "x"})
+    code, err = train_cli(capsys, tmp_path, tiny_codec_dir, pack)
+    assert code == 2 and "no training samples" in err, err

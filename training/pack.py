@@ -75,19 +75,36 @@ def load_pack(path: str | Path) -> Pack:
     from safetensors import safe_open
 
     path = Path(path)
-    if not is_pack(path):
-        raise DataError(f"{path} is not a pack (a file named *{PACK_SUFFIX}, from `unimodal data pack`)")
+    check_pack(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             header = f.metadata() or {}
             tensors = {key: f.get_tensor(key) for key in f.keys()}
-    except Exception as exc:  # noqa: BLE001 - a torn or foreign file: say which
+    except Exception as exc:  # noqa: BLE001 - torn after its header: say which
         raise DataError(f"{path} is not a readable pack: {exc}") from exc
-    if header.get("format") != str(PACK_FORMAT):
-        raise DataError(f"{path}: pack format {header.get('format')!r}, this version reads {PACK_FORMAT}")
     meta = json.loads(header["meta"])
     splits = {split: _unpack_split(tensors, split, n) for split, n in meta["counts"].items()}
     return Pack(Layout.from_dict(json.loads(header["layout"])), splits, meta)
+
+
+def check_pack(path: str | Path) -> None:
+    """Refuse a file that is not a pack of this version from its header alone (cheap: no tensor is read), so
+    ``unimodal train`` says so before anything loads."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.name.endswith(PACK_SUFFIX):
+        raise DataError(f"{path} is not a pack (a file named *{PACK_SUFFIX}, from `unimodal data pack`)")
+    if not path.is_file():
+        raise DataError(f"{path}: no such pack file")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+    except Exception as exc:  # noqa: BLE001 - a torn or foreign file: say which
+        raise DataError(f"{path} is not a readable pack: {exc}") from exc
+    if header.get("format") != str(PACK_FORMAT) or not {"meta", "layout"} <= set(header):
+        raise DataError(f"{path}: pack format {header.get('format')!r}, this version reads {PACK_FORMAT} "
+                        f"(a file from `unimodal data pack`)")
 
 
 def _unpack_split(tensors: dict, split: str, n: int) -> list[dict[str, torch.Tensor]]:

@@ -31,7 +31,7 @@ from training.optim import warmup_cosine
 from training.schedule import MaskSchedule
 from training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, TaskMixture, build_example, collate_examples
 from training.tokens import MAX_AUDIO_SECONDS
-from unimodal.errors import InputError
+from unimodal.errors import DataError, InputError
 from unimodal.int8 import load_pretrained
 
 OBJECTIVES = ("diffusion", "ar")  # masked diffusion (the model) or next-token prediction (its autoregressive twin)
@@ -318,22 +318,50 @@ def write_history(out_dir: Path, history: list[dict], objective: str = "diffusio
     plot_history(history, out_dir / "val_loss.png", objective)
 
 
+def check_data(names: list[str] | tuple[str, ...]) -> None:
+    """Refuse a ``--data`` that cannot be trained on before any codec loads or data set builds: none given, an
+    entry that names nothing usable, a pack that is not one or does not come alone."""
+    from training.pack import PACK_SUFFIX, check_pack
+
+    if not names:
+        raise InputError("--data is empty; give an embedded set (scenes, digits), a built data set folder, a JSONL "
+                         "manifest or one pack (*.pack.safetensors)")
+    if any(str(name).endswith(PACK_SUFFIX) for name in names):
+        if len(names) != 1:
+            raise InputError(f"--data: a pack holds a whole training set; give it alone, got {list(names)}")
+        check_pack(names[0])
+        return
+    for name in names:
+        _data_kind(name)
+
+
+def _data_kind(name: str) -> str:
+    """``embedded``, ``built`` (a folder with info.json) or ``manifest`` (a .jsonl file), else an InputError."""
+    from training.data.build import BUILDERS
+
+    if name in BUILDERS:
+        return "embedded"
+    if (Path(name) / "info.json").exists():
+        return "built"
+    if Path(name).is_file() and str(name).endswith(".jsonl"):
+        return "manifest"
+    raise InputError(f"--data entry {name!r} is neither an embedded set ({', '.join(BUILDERS)}), a built "
+                     f"data set folder (one with info.json) nor a JSONL manifest of your own data")
+
+
 def resolve_data(names: list[str] | tuple[str, ...]) -> list[Path]:
     """Each entry: an embedded set name (built into the cache on first use), a built data set folder, or a
     JSONL manifest of the user's own data (see ``training.data.folder``)."""
-    from training.data.build import BUILDERS, DEFAULT_N, build
+    from training.data.build import DEFAULT_N, build
     from unimodal.paths import data_dir
 
     dirs = []
     for name in names:
-        if name in BUILDERS:
+        if _data_kind(name) == "embedded":
             path = data_dir(name, DEFAULT_N[name], 0)
             dirs.append(path if (path / "info.json").exists() else build(name, out=path))
-        elif (Path(name) / "info.json").exists() or (Path(name).is_file() and name.endswith(".jsonl")):
-            dirs.append(Path(name))
         else:
-            raise InputError(f"--data entry {name!r} is neither an embedded set ({', '.join(BUILDERS)}), a built "
-                             f"data set folder (one with info.json) nor a JSONL manifest of your own data")
+            dirs.append(Path(name))
     return dirs
 
 
@@ -522,6 +550,7 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
           resume: bool = False, progress: bool = True, options: RunOptions | None = None) -> Path:
     """Train (or resume) a model; returns the folder of the trained model (``OUT/model``)."""
     out_dir, options = Path(out_dir), options or RunOptions()
+    check_data(data)
     ckpt_path = out_dir / "checkpoint.pt"
     cfg, state = resumed_config(TrainConfig, cfg, ckpt_path, resume)
     deadline = Deadline(options.max_minutes)
@@ -531,6 +560,8 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
         raise InputError(f"batch size {cfg.batch_size} must divide evenly over {world} processes x "
                          f"{cfg.grad_accum} accumulation steps")
     run = load_run_data(data, codec_dir, cfg, accelerator, progress)
+    if not run.train:  # a data set whose splits put nothing in train: say so rather than divide by zero
+        raise DataError(f"--data {','.join(map(str, data))}: no training samples")
     train_tokens = _subset(run.train, cfg.train_subset)
     model, runner, optimizer, ema, history, start = _prepared_model(cfg, run, state, options, accelerator, progress)
     mixture, schedule = TaskMixture(cfg.task_weights, cfg.cond_drop), MaskSchedule()
