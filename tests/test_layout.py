@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 
@@ -312,3 +313,107 @@ def test_layout_load_errors(layout, tmp_path):
     with pytest.raises(InputError, match="image_grid"):
         Layout(text_vocab_size=1, image_codebook_size=1, audio_codebook_size=1, audio_frame_rate=1.0,
                image_grid=(8,))
+
+
+# ---- properties over any layout: round trips, and region <-> token maps that stay in range -------------------
+
+LAYOUTS = st.builds(Layout, text_vocab_size=st.integers(1, 400), image_codebook_size=st.integers(1, 70),
+                    audio_codebook_size=st.integers(1, 50), audio_frame_rate=st.floats(0.5, 100),
+                    image_grid=st.tuples(st.integers(1, 6), st.integers(1, 6)), image_patch=st.integers(1, 16),
+                    max_text_len=st.integers(1, 16), max_audio_len=st.integers(1, 24))
+
+
+def draw_contents(data, layout: Layout, order) -> dict[str, torch.Tensor]:
+    """Local ids for each modality of ``order``: any length a padded segment holds (an image: its full grid)."""
+    contents = {}
+    for modality in order:
+        size = layout.max_content_len(modality)
+        length = size if modality == "image" else data.draw(st.integers(0, size), label=f"{modality} length")
+        ids = data.draw(st.lists(st.integers(0, layout.codebook_size(modality) - 1), min_size=length,
+                                 max_size=length), label=f"{modality} ids")
+        contents[modality] = torch.tensor(ids, dtype=torch.long)
+    return contents
+
+
+@settings(max_examples=80, deadline=None)
+@given(layout=LAYOUTS, order=st.sampled_from(ORDERS), padded=st.booleans(), data=st.data())
+def test_any_layout_packs_and_unpacks_any_content(layout, order, padded, data):
+    contents = draw_contents(data, layout, order)
+    make = layout.padded_segment if padded else Segment
+    packed = layout.pack([make(m, contents[m]) for m in order])
+    assert all(torch.equal(layout.unpack(packed.ids, packed.segment_ids)[m], contents[m]) for m in order)
+    assert packed.spans[0].start == 0 and packed.spans[-1].end == len(packed)  # spans tile the sequence
+    assert all(a.end == b.start for a, b in zip(packed.spans, packed.spans[1:]))
+    assert packed.ids.min() >= 0 and packed.ids.max() < layout.vocab_size
+    for m in order:  # each content token sits where sequence_indices says, as its shared id
+        where = packed.sequence_indices(m, torch.arange(len(contents[m])))
+        assert torch.equal(packed.ids[where], layout.to_shared(m, contents[m]))
+        assert (layout.modality_of(packed.ids[where]) == lay.SEGMENT_IDS[m]).all()
+    batch = collate([packed], pad_to=len(packed) + data.draw(st.integers(0, 5)))
+    again = layout.unpack(batch.ids[0], batch.segment_ids[0])
+    assert all(torch.equal(again[m], contents[m]) for m in order)
+
+
+@settings(max_examples=80, deadline=None)
+@given(layout=LAYOUTS, modality=st.sampled_from(MODALITIES), ids=st.lists(st.integers(-3, 500), max_size=20))
+def test_local_and_shared_ids_round_trip_or_are_refused(layout, modality, ids):
+    local = torch.tensor(ids, dtype=torch.long)
+    if all(0 <= i < layout.codebook_size(modality) for i in ids):
+        shared = layout.to_shared(modality, local)
+        assert torch.equal(layout.to_local(modality, shared), local)
+        assert ((shared >= NUM_SPECIAL) & (shared < layout.vocab_size)).all()
+    else:
+        with pytest.raises(InputError):
+            layout.to_shared(modality, local)
+
+
+@settings(max_examples=150, deadline=None)
+@given(layout=LAYOUTS, box=st.tuples(*[st.floats(-50, 150, allow_nan=False)] * 4))
+def test_an_image_box_maps_to_exactly_the_codes_it_touches(layout, box):
+    """Either an InputError, or every code whose pixels meet the half-open box, each once, and no other."""
+    rows, cols = layout.image_grid
+    patch = layout.image_patch
+    x0, y0, x1, y1 = box
+    touched = sorted(r * cols + c for r in range(rows) for c in range(cols)
+                     if c * patch < x1 and (c + 1) * patch > x0 and r * patch < y1 and (r + 1) * patch > y0)
+    try:
+        codes = layout.image_box_to_positions(box).tolist()
+    except InputError:
+        assert not touched or not (x1 > x0 and y1 > y0)
+        return
+    assert codes == touched and codes and all(0 <= c < rows * cols for c in codes)
+
+
+@settings(max_examples=150, deadline=None)
+@given(layout=LAYOUTS, start=st.floats(-1, 30, allow_nan=False), length=st.floats(-1, 30, allow_nan=False),
+       n_codes=st.one_of(st.none(), st.integers(1, 40)))
+def test_an_audio_span_maps_to_exactly_the_codes_it_overlaps(layout, start, length, n_codes):
+    end, rate = start + length, layout.audio_frame_rate
+    total = layout.max_audio_len if n_codes is None else n_codes
+    overlapping = [k for k in range(total) if k < end * rate and k + 1 > start * rate]
+    try:
+        codes = layout.audio_span_to_positions(start, end, n_codes).tolist()
+    except InputError:
+        assert start < 0 or not end > start or not overlapping
+        return
+    assert codes == overlapping and codes and all(0 <= k < total for k in codes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(alphabet="a redcircleblusquare ,.", min_size=1, max_size=30), data=st.data())
+def test_a_text_span_maps_to_exactly_the_tokens_it_overlaps(text, data):
+    codec = _span_codec()
+    start = data.draw(st.integers(0, len(text) - 1))
+    end = data.draw(st.integers(start + 1, len(text)))
+    ids, offsets = codec.encode_with_offsets(text)
+    hits = Layout.text_span_to_positions(text, start, end, codec).tolist()
+    assert hits == [i for i, (a, b) in enumerate(offsets) if a < end and b > start]
+    assert all(0 <= i < ids.numel() for i in hits)
+    with pytest.raises(InputError):
+        Layout.text_span_to_positions(text, end, start, codec)
+
+
+@functools.lru_cache(maxsize=1)
+def _span_codec() -> TextCodec:
+    """One small BPE for every example (hypothesis reruns the test; training it each time would dominate)."""
+    return TextCodec.train(["a red circle", "a blue square", "red, blue."] * 20, vocab_size=300)
