@@ -175,6 +175,26 @@ def test_model_folder_damage_is_named(tiny_model_dir, tmp_path):
     weights.write_bytes(b"\x01")
     with pytest.raises(ModelFolderError, match="damaged"):
         UniModal.from_pretrained(folder)
+    weights.write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00[]")  # a header, but not a safetensors one
+    with pytest.raises(ModelFolderError, match="not a JSON object"):
+        UniModal.from_pretrained(folder)
+
+
+def test_a_model_folder_missing_a_part_or_a_config_value_is_named(tiny_model_dir, tmp_path):
+    from unimodal import UniModal
+
+    damages = {"layout.json": (lambda f: (f / "layout.json").unlink(), "not a unimodal model folder"),
+               "image codec": (lambda f: shutil.rmtree(f / "image"), "no image codec"),
+               "weights": (lambda f: next((f / "backbone").glob("*.safetensors")).unlink(), "cannot load the model"),
+               "config": (lambda f: (f / "backbone" / "config.json").write_text('{"hidden_size": 8}'),
+                          "cannot load the model"),
+               "layout": (lambda f: (f / "layout.json").write_text("[]"), "malformed layout")}
+    for name, (damage, message) in damages.items():
+        folder = tmp_path / name
+        shutil.copytree(tiny_model_dir, folder)
+        damage(folder)
+        with pytest.raises(UnimodalError, match=message):
+            UniModal.from_pretrained(folder)
 
 
 # ---- what the pipeline reports -------------------------------------------------------------------------------

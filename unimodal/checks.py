@@ -335,13 +335,23 @@ def check_safetensors(path: Path) -> None:
             if header_len > size - 8:
                 raise ValueError(f"its header claims {header_len} bytes but the file has {size}")
             header = json.loads(handle.read(header_len))
+            if not isinstance(header, dict):
+                raise ValueError("its header is not a JSON object")
+            ends = [_tensor_end(entry) for key, entry in header.items() if key != "__metadata__"]
     except (OSError, struct.error, ValueError) as error:
         raise ModelFolderError(f"weights file {path} is damaged ({error}); copy or download it again") from None
-    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
     expected = 8 + header_len + max(ends, default=0)
     if size < expected:
         raise ModelFolderError(f"weights file {path} is truncated: {size:,} bytes of {expected:,}; copy or "
                                f"download it again")
+
+
+def _tensor_end(entry) -> int:
+    """Where a tensor's bytes end, from its header entry; ValueError when the entry is not one (a foreign file)."""
+    try:
+        return int(entry["data_offsets"][1])
+    except (TypeError, KeyError, IndexError):
+        raise ValueError(f"a header entry without data offsets: {str(entry)[:60]}") from None
 
 
 def check_device(device: str | None) -> str | None:

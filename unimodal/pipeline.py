@@ -103,8 +103,9 @@ class UniModal(DiffusionPipeline):
                 return cls.from_model_folder(folder, torch_dtype=kwargs.get("torch_dtype"))
         except UnimodalError:
             raise
-        except (OSError, ValueError, KeyError, RuntimeError, json.JSONDecodeError) as error:
-            # What the header check cannot see (a wrong shape, a bad config value) still names the folder.
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError, json.JSONDecodeError) as error:
+            # What the header check cannot see (a wrong shape, a config value or argument missing) still names
+            # the folder.
             raise ModelFolderError(f"cannot load the model in {folder}: {type(error).__name__}: {error}") from error
         raise DataError(f"{folder} is not a unimodal model folder: expected either {PIPELINE_INDEX} (a saved "
                         f"pipeline) or backbone/ and {LAYOUT_FILE} with text/, image/ and audio/ codecs (the model "
