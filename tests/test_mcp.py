@@ -58,6 +58,7 @@ async def session(model_dir, tmp_path):
         seen["steps 0"] = await client.call_tool("generate", {"text": "a red circle", "steps": 0})
         seen["speech"] = await client.call_tool("generate", {"text": "a red circle", "to": "audio", "steps": 2})
         seen["bad out"] = await client.call_tool("generate", {"text": "a red circle", "out": str(tmp_path / "a.mp4")})
+        seen["unknown tool"] = await client.call_tool("paint", {"text": "a red circle"})
         seen["image"] = await client.call_tool("generate", {"text": "a white hexagon", "to": "image", "steps": 2})
         seen["caption"] = await client.call_tool("generate", {"image": str(tmp_path / "red.png"), "to": "text",
                                                               "steps": 2, "out": str(tmp_path / "caption.txt")})
@@ -92,6 +93,7 @@ def test_bad_calls_are_tool_errors_that_name_the_cause(seen):
     assert seen["missing file"].is_error and "InputFileError" in texts(seen["missing file"])[0]
     assert seen["steps 0"].is_error and "greater than or equal to 1" in texts(seen["steps 0"])[0]
     assert seen["bad out"].is_error and "OutputPathError" in texts(seen["bad out"])[0]
+    assert seen["unknown tool"].is_error and "paint" in texts(seen["unknown tool"])[0]
 
 
 def test_the_server_keeps_serving_after_bad_calls(seen, tmp_path_factory):
