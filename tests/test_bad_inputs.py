@@ -393,3 +393,14 @@ def test_a_pack_without_training_samples_is_refused(tiny_codec_dir, tmp_path, ca
                        tmp_path / "val-only.pack.safetensors", {"codec_fingerprint": "x"})
     code, err = train_cli(capsys, tmp_path, tiny_codec_dir, pack)
     assert code == 2 and "no training samples" in err, err
+
+
+def test_data_pack_refuses_a_wrong_name_or_source_before_encoding(tiny_codec_dir, tmp_path, capsys):
+    from unimodal.cli import main
+
+    for data, out, message in (("scenes", tmp_path / "x.safetensors", "ends with '.pack.safetensors'"),
+                               ("imagenet", tmp_path / "x.pack.safetensors", "neither an embedded set")):
+        code = main(["data", "pack", "--data", data, "--codecs", str(tiny_codec_dir), "--out", str(out)])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("error: ") and message in err and "Traceback" not in err, err
+    assert not list(tmp_path.iterdir())

@@ -47,9 +47,7 @@ def pack_tokens(splits: dict[str, list[dict[str, torch.Tensor]]], layout: Layout
     """Write ``splits`` (per split, per sample, local ids per modality) as a pack; atomic."""
     from safetensors.torch import save_file
 
-    out = Path(out)
-    if not out.name.endswith(PACK_SUFFIX):
-        raise DataError(f"a pack's file name ends with {PACK_SUFFIX!r}, got {out.name!r}")
+    out = _checked_out(out)
     tensors = {}
     for split, samples in splits.items():
         for modality in PACK_MODALITIES:
@@ -68,6 +66,13 @@ def pack_tokens(splits: dict[str, list[dict[str, torch.Tensor]]], layout: Layout
     tmp = out.with_name(out.name + ".tmp")
     save_file(tensors, str(tmp), metadata=header)
     tmp.replace(out)
+    return out
+
+
+def _checked_out(out: str | Path) -> Path:
+    out = Path(out)
+    if not out.name.endswith(PACK_SUFFIX):
+        raise DataError(f"a pack's file name ends with {PACK_SUFFIX!r}, got {out.name!r}")
     return out
 
 
@@ -128,8 +133,9 @@ def build_pack(data: list[str], codec_dir: str | Path, out: str | Path, max_audi
     from training.tokens import MAX_AUDIO_SECONDS, CodecStack, tokenized_split
     from training.train import resolve_data
 
-    stack = CodecStack.load(codec_dir, max_audio_seconds=max_audio_seconds or MAX_AUDIO_SECONDS)
+    _checked_out(out)  # refused before the codecs load and every split is encoded
     sources = resolve_data(data)
+    stack = CodecStack.load(codec_dir, max_audio_seconds=max_audio_seconds or MAX_AUDIO_SECONDS)
     splits: dict[str, list] = {}
     for split in PACK_SPLITS:
         for source in sources:
