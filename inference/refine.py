@@ -21,7 +21,7 @@ targets, as the sampler counts its steps) and whether the round was kept.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -130,13 +130,15 @@ class _Loop:
 
 def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confidence",
            config: RefineConfig | None = None, cfg=None, text_codec=None,
-           regions: Sequence[Mapping] | None = None, confidence: Mapping | None = None) -> tuple[Draft, dict, dict]:
+           regions: Sequence[Mapping] | None = None, confidence: Mapping | None = None,
+           on_round: Callable[[int, Draft], None] | None = None) -> tuple[Draft, dict, dict]:
     """Refine ``draft``; returns the final draft, per-token confidences of its tokens, and the trace.
 
     ``sampler``: the settings regenerations use (their steps are set per round, see :class:`RefineConfig`);
     ``cfg``: the guidance the confidence score reads logits with (the sampler's, as a rule); ``regions``: a
     caller's plan, executed in the first round instead of the critic's; ``confidence``: the draft's
-    per-token confidences (carried into the result for tokens no round changes).
+    per-token confidences (carried into the result for tokens no round changes); ``on_round(r, draft)``: called
+    after each round r (1-based) that ran, with the draft as it stands then (a benchmark judges it).
     """
     config = config or RefineConfig()
     evaluator = "confidence" if isinstance(critic, str) and critic == "random" else critic
@@ -152,6 +154,8 @@ def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confiden
     for round_ in range(config.rounds):
         stopped = _round(model, layout, state, plan, judge, sampler, config, round_, trace, text_codec,
                          regions if round_ == 0 else None)
+        if on_round is not None and len(trace["rounds"]) > round_:
+            on_round(round_ + 1, state.draft)
         if stopped:
             break
     trace.update(score_final=round(state.score, 6), forward_passes=state.passes, stopped=stopped or "rounds",

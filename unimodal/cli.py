@@ -389,6 +389,9 @@ def add_bench_commands(sub) -> None:
 
     add_versus_ar_command(bench)
     add_data_efficiency_command(bench)
+    from unimodal.cli_refine import add_bench_refine_command
+
+    add_bench_refine_command(bench)
 
 
 def _parse_cfg(value: str):
@@ -490,8 +493,14 @@ def add_eval_commands(sub) -> None:
     add_eval_command(sub)
 
 
+def add_refine_commands(sub) -> None:
+    from unimodal.cli_refine import add_refine_commands as add
+
+    add(sub)
+
+
 COMMAND_GROUPS = [add_data_commands, add_codec_commands, add_judge_commands, add_train_command, add_bench_commands,
-                  add_eval_commands, add_generate_commands, add_serve_command]
+                  add_eval_commands, add_generate_commands, add_serve_command, add_refine_commands]
 
 
 def build_parser() -> argparse.ArgumentParser:

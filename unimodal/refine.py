@@ -228,12 +228,13 @@ def _check_regions(pipe, result, modality: str, asked: dict, request: str, diffe
 def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, budget: int | None = None,
            critic="confidence", fraction: float = 0.25, threshold: float = 0.5, groups: int = 4,
            regen_steps: int | None = None, regions: Sequence[Mapping] | None = None, check: bool = False,
-           cfg=None, seed: int = 0, **settings) -> tuple[GenerationResult, dict]:
+           cfg=None, seed: int = 0, on_round=None, **settings) -> tuple[GenerationResult, dict]:
     """Re-mask flagged regions and regenerate them, round by round; the refined result and the trace.
 
     ``regions``: the caller's plan for the first round (native units); ``check``: plan the first round from
     the cross-modal check when it disagrees; ``settings``: sampler settings of the regenerations (as
-    :meth:`UniModal.generate` takes them; their steps are set per round unless ``regen_steps``).
+    :meth:`UniModal.generate` takes them; their steps are set per round unless ``regen_steps``);
+    ``on_round(r, result)``: called after each round that ran with the result as it stands (for benchmarks).
     """
     result = as_result(pipe, result)
     config = RefineConfig(rounds=rounds, budget=budget, fraction=fraction, threshold=threshold, groups=groups,
@@ -246,7 +247,8 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
         sampler = pipe._sampler_config(settings, pipe.scheduler.target_kind([s.modality for s in draft.target.spans]))
         final, confidence, trace = refine_draft(pipe.backbone, pipe.layout, draft, sampler, critic, config,
                                                 _scoring_cfg(pipe, draft, cfg), pipe.text_codec, regions,
-                                                {m: torch.tensor(v) for m, v in result.confidence.items()})
+                                                {m: torch.tensor(v) for m, v in result.confidence.items()},
+                                                _round_hook(pipe, on_round))
     if report is not None:
         trace["check"] = report
         trace["forward_passes"] += report.get("forward_passes", 0)
@@ -254,6 +256,13 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
     refined = _decoded(pipe, tokens, confidence, result.forward_passes + trace["forward_passes"],
                        {**result.settings, "refine": {k: trace[k] for k in ("critic", "forward_passes", "stopped")}})
     return refined, trace
+
+
+def _round_hook(pipe, on_round):
+    if on_round is None:
+        return None
+    return lambda r, draft: on_round(r, _decoded(pipe, {m: ids.tolist() for m, ids in draft.tokens(pipe.layout).items()},
+                                                 {}, 0, {}))
 
 
 def edit(pipe, content, region: Mapping | Sequence[Mapping], text=None, image=None, audio=None,

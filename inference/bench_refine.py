@@ -1,0 +1,135 @@
+"""``unimodal bench refine``: does self-critique repair text->image generations, and is it worth its passes?
+
+For each case (a scene caption of the test split) the model draws one picture (seed ``seed + i``); then:
+
+- **refine**, per critic (``confidence``, ``random``; ``learned`` once its head is trained): up to ``rounds``
+  plan-execute-evaluate rounds (:func:`inference.refine.refine`); the picture after every round is judged,
+  so the table holds the accuracy and the mean forward passes spent so far after each round, and the fix
+  rate (wrong -> right, over the cases wrong before the round) and break rate (right -> wrong, over those
+  right before it) of each round;
+- **best-of-N**: N pictures per case (seeds ``seed + i + k * 100003``), the one with the best confidence
+  score kept (each scored with the same ``groups`` calls the confidence critic spends), N = 1 .. ``best_of``.
+
+Forward passes are model calls over the targets per case, as the sampler counts steps (the guidance rows of
+a call are not counted apart, the same for every method). The independent scene judge scores every
+picture; the model never sees it. The cases arrive ready-made (``inference/`` does not import ``training/``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from inference.critique import confidence_scores, make_draft, sample_score
+from inference.evaluate import EvalCase, Judges, judge_image
+from unimodal.errors import InputError
+
+BEST_OF_SEED_STRIDE = 100_003
+
+
+def _verdicts(cases: Sequence[EvalCase], images, judges: Judges) -> list[bool]:
+    return [bool(judge_image(c, im, judges.scene if c.kind == "scene" else None,
+                             judges.digit if c.kind == "digit" else None).get("correct")) for c, im in zip(cases, images)]
+
+
+def _base(pipe, cases, seed: int, batch_size: int) -> list:
+    requests = [{"text": c.text, "to": "image", "seed": seed + i} for i, c in enumerate(cases)]
+    return [r for first in range(0, len(requests), batch_size)
+            for r in pipe.generate_batch(requests[first:first + batch_size])]
+
+
+def _refined(pipe, cases, base, judges, critic, rounds: int, seed: int, groups: int) -> dict:
+    """Per round: accuracy, mean cumulative passes, fix and break rates; and the stop reasons."""
+    n = len(cases)
+    verdicts = np.zeros((n, rounds + 1), dtype=bool)  # [case, after round r]; a case that stopped keeps its last
+    passes = np.zeros((n, rounds + 1))
+    stops: dict[str, int] = {}
+    verdicts[:, 0] = _verdicts(cases, [r.image for r in base], judges)
+    for i, (case, result) in enumerate(zip(cases, base)):
+        seen = {}
+        _, trace = pipe.refine(result, text=case.text, rounds=rounds, critic=critic, groups=groups, seed=seed + i,
+                               on_round=lambda r, res: seen.__setitem__(r, res.image))
+        spent = np.cumsum([trace["scoring_passes_initial"]] + [x["forward_passes"] for x in trace["rounds"]])
+        for r in range(1, rounds + 1):
+            verdicts[i, r] = _verdicts([case], [seen[r]], judges)[0] if r in seen else verdicts[i, r - 1]
+            passes[i, r] = spent[min(r, len(spent) - 1)]
+        stops[trace["stopped"]] = stops.get(trace["stopped"], 0) + 1
+    base_passes = np.mean([r.forward_passes for r in base])
+    rows = []
+    for r in range(rounds + 1):
+        before, after = verdicts[:, max(r - 1, 0)], verdicts[:, r]
+        rows.append({"round": r, "accuracy": float(after.mean()), "forward_passes": float(base_passes + passes[:, r].mean()),
+                     "fix_rate": _rate(~before & after, ~before) if r else None,
+                     "break_rate": _rate(before & ~after, before) if r else None})
+    return {"rounds": rows, "stopped": stops}
+
+
+def _rate(hits: np.ndarray, among: np.ndarray) -> float | None:
+    return float(hits.sum() / among.sum()) if among.sum() else None
+
+
+def _best_of(pipe, cases, base, judges, best_of: int, seed: int, groups: int, batch_size: int) -> list[dict]:
+    """Accuracy of the best-scored of the first N pictures per case, N = 1 .. best_of."""
+    draws = [base] + [_base(pipe, cases, seed + k * BEST_OF_SEED_STRIDE, batch_size) for k in range(1, best_of)]
+    scores = np.array([[_confidence(pipe, case, r, groups) for case, r in zip(cases, results)] for results in draws])
+    right = np.array([_verdicts(cases, [r.image for r in results], judges) for results in draws])  # (N, n)
+    base_passes = np.mean([r.forward_passes for r in base])
+    rows = []
+    for count in range(1, best_of + 1):
+        pick = scores[:count].argmax(0)  # (n,)
+        scoring = groups * count if count > 1 else 0  # one picture needs no choosing
+        rows.append({"n": count, "accuracy": float(right[pick, np.arange(len(cases))].mean()),
+                     "forward_passes": float(count * base_passes + scoring),
+                     "oracle_accuracy": float(right[:count].any(0).mean())})
+    return rows
+
+
+def _confidence(pipe, case, result, groups: int) -> float:
+    """The draft's confidence score, read with the guidance it was sampled with."""
+    import torch
+
+    draft = make_draft(pipe.layout, [("text", pipe.text_codec.encode_one(case.text))],
+                       {"image": torch.tensor(result.token_ids["image"])})
+    scores, _ = confidence_scores(pipe.backbone, pipe.layout, draft, groups, result.settings.get("cfg"))
+    return sample_score(scores)
+
+
+def bench_refine(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confidence", "random"), rounds: int = 3,
+                 best_of: int = 4, seed: int = 0, groups: int = 4, batch_size: int = 16, judges: Judges | None = None,
+                 progress=print) -> dict:
+    """The report: base accuracy, refine per critic per round, best-of-N; every figure with its passes."""
+    if not cases:
+        raise InputError("bench refine needs at least one case")
+    judges = judges or Judges()
+    base = _base(pipe, cases, seed, batch_size)
+    report = {"n": len(cases), "seed": seed, "rounds": rounds, "groups": groups,
+              "sampler": {k: base[0].settings.get(k) for k in ("mode", "steps", "cfg", "temperature",
+                                                               "choice_temperature")}, "refine": {}}
+    for critic in critics:
+        report["refine"][critic] = _refined(pipe, cases, base, judges, critic, rounds, seed, groups)
+        progress(f"done: refine {critic}")
+    report["best_of"] = _best_of(pipe, cases, base, judges, best_of, seed, groups, batch_size)
+    return report
+
+
+def format_table(report: dict) -> str:
+    lines = [f"{'method':<22} {'passes':>7} {'accuracy':>9} {'fix':>6} {'break':>6}"]
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731 - table cells
+    for critic, part in report["refine"].items():
+        for row in part["rounds"]:
+            name = "no refine" if row["round"] == 0 else f"refine {critic} r{row['round']}"
+            if row["round"] == 0 and critic != next(iter(report["refine"])):
+                continue
+            lines.append(f"{name:<22} {row['forward_passes']:>7.1f} {row['accuracy']:>9.3f} "
+                         f"{fmt(row['fix_rate']):>6} {fmt(row['break_rate']):>6}")
+    for row in report["best_of"]:
+        lines.append(f"{'best-of-' + str(row['n']) + ' (confidence)':<22} {row['forward_passes']:>7.1f} "
+                     f"{row['accuracy']:>9.3f} {'-':>6} {'-':>6}   (any of {row['n']} right: {row['oracle_accuracy']:.3f})")
+    stops = "; ".join(f"{c}: {p['stopped']}" for c, p in report["refine"].items())
+    lines.append(f"n={report['n']} text->image cases, seed {report['seed']}, sampler {report['sampler']}, "
+                 f"confidence groups {report['groups']}; refine stops: {stops}")
+    return "\n".join(lines)
+
+
+__all__ = ["bench_refine", "format_table"]
