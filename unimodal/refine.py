@@ -297,18 +297,25 @@ def _picture(pipe, result: GenerationResult, scores: Mapping, regions: Sequence[
 
 
 def heat_map(picture: Image.Image, scores, grid: tuple[int, int], regions: Sequence[Mapping] = ()) -> Image.Image:
-    """The picture at 4x with each code tinted red by how doubtful it is (1 - score) and the regions outlined."""
+    """The picture at 4x beside a copy with each code tinted red by its doubt and the regions outlined.
+
+    Doubt is ``1 - score`` stretched to this picture's own range: a weak model gives low probabilities to
+    most codes (many codes draw the same background), and an absolute scale would paint it all red."""
     size = (picture.width * HEAT_SCALE, picture.height * HEAT_SCALE)
     base = picture.convert("RGB").resize(size, Image.NEAREST)
     doubt = 1.0 - np.asarray(scores, dtype=np.float32).reshape(grid)  # (rows, cols)
-    alpha = Image.fromarray((doubt * 170).astype(np.uint8)).resize(size, Image.NEAREST)
+    doubt = (doubt - doubt.min()) / max(float(doubt.max() - doubt.min()), 1e-6)
+    alpha = Image.fromarray((doubt * 190).astype(np.uint8)).resize(size, Image.NEAREST)
     tinted = Image.composite(Image.new("RGB", size, (255, 0, 0)), base, alpha)
     draw = ImageDraw.Draw(tinted)
     for region in regions:
         if region.get("modality") == "image":
             x0, y0, x1, y1 = (v * HEAT_SCALE for v in region["box"])
             draw.rectangle([x0, y0, x1 - 1, y1 - 1], outline=(255, 255, 0), width=2)
-    return tinted
+    both = Image.new("RGB", (2 * size[0], size[1]))
+    both.paste(base, (0, 0))
+    both.paste(tinted, (size[0], 0))
+    return both
 
 
 def score_curve(wave, scores, frame_rate: float, sample_rate: int, regions: Sequence[Mapping] = (),
