@@ -323,3 +323,17 @@ def test_bench_refine_command(tiny_codec_dir, tmp_path, capsys):
     report = json.loads((tmp_path / "bench" / "bench_refine.json").read_text())
     assert code == 0 and "best-of-2" in out and set(report["refine"]) == {"confidence", "random"}
     assert report["best_of"][1]["forward_passes"] > report["best_of"][0]["forward_passes"]
+
+
+def test_bench_refine_repair_mode_and_auroc(tiny_codec_dir, tmp_path, capsys):
+    from inference.bench_refine import auroc
+
+    assert auroc(np.array([0.1, 0.2, 0.9, 0.8]), np.array([True, True, False, False])) == 1.0
+    assert auroc(np.array([0.5, 0.5]), np.array([True, False])) == 0.5
+    pytest.importorskip("cv2")
+    model = write_tiny_model(tiny_codec_dir, tmp_path / "model", max_text_len=32)
+    code, out, err = run(capsys, "bench", "refine", "--model", model, "--n", "2", "--rounds", "1", "--corrupt",
+                         "0.25", "--critics", "random", "--out", tmp_path / "repair")
+    assert code == 0, err
+    report = json.loads((tmp_path / "repair" / "bench_refine.json").read_text())
+    assert report["corrupted_fraction"] == 0.25 and 0 <= report["critics"]["random"]["codes_broken"] <= 1

@@ -4,6 +4,7 @@
     unimodal refine --in gen.png --prompt "a small red circle on the left" --rounds 3 --out fixed.png --trace trace.json
     unimodal edit --in gen.png --box 0,16,32,48 --prompt "a small blue circle on the left" --out edited.png
     unimodal bench refine --n 64 --out bench-refine/
+    unimodal bench refine --n 64 --corrupt 0.25 --out bench-repair/
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _cmd_edit(args) -> int:
 
 
 def _cmd_bench_refine(args) -> int:
-    from inference.bench_refine import bench_refine, format_table
+    from inference.bench_refine import bench_refine, bench_repair, format_repair, format_table
     from inference.evaluate import model_hash
     from unimodal.eval_cases import load_cases
     from unimodal.serve import load_pipeline, resolve_model_dir
@@ -115,10 +116,18 @@ def _cmd_bench_refine(args) -> int:
     model_dir = resolve_model_dir(args.model)
     pipe = load_pipeline(model_dir, args.device)
     cases, _ = load_cases("scenes", args.split, args.n, speech=False)
-    report = bench_refine(pipe, cases, critics, args.rounds, args.best_of, args.seed, batch_size=args.batch_size,
-                          progress=lambda line: print(line, file=sys.stderr, flush=True))
+    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if args.corrupt is not None:
+        if not 0 < args.corrupt < 1:
+            raise InputError(f"--corrupt is the share of codes to corrupt, in (0, 1); got {args.corrupt}")
+        report = bench_repair(pipe, cases, critics, args.corrupt, args.rounds, args.seed, progress=progress)
+        table = format_repair(report)
+    else:
+        report = bench_refine(pipe, cases, critics, args.rounds, args.best_of, args.seed, batch_size=args.batch_size,
+                              progress=progress)
+        table = format_table(report)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split)
-    print(format_table(report))
+    print(table)
     print(f"model {model_dir} (hash {report['model_hash']}), scenes {args.split} split")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -180,6 +189,8 @@ def add_bench_refine_command(bench) -> None:
     sub.add_argument("--critics", default="confidence,random")
     sub.add_argument("--seed", type=int, default=0)
     sub.add_argument("--batch-size", type=int, default=16)
+    sub.add_argument("--corrupt", type=float, default=None, help="instead: corrupt this share of the codes of the "
+                     "real test pictures and measure how much refine restores (and each critic's AUROC)")
     sub.add_argument("--out", default="bench-refine", help="folder for bench_refine.json")
     sub.set_defaults(func=_cmd_bench_refine)
 
