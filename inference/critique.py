@@ -160,7 +160,8 @@ def confidence_scores(model, layout: Layout, draft: Draft, groups: int = DEFAULT
     t = masks.sum(1).float() / forward.n_slots  # (G,) as the sampler would see this many masked slots
     log_probs, _ = forward(ids, t)  # (G, L, V)
     token_log_prob = log_probs.gather(-1, draft.target.ids.to(log_probs.device).expand(groups, -1)[..., None])
-    chosen = (token_log_prob.squeeze(-1).cpu() * masks).sum(0).exp()  # (L,): each token's own group
+    own = torch.where(masks, token_log_prob.squeeze(-1).cpu(), 0.0)  # (G, L): -inf elsewhere must not leak
+    chosen = own.sum(0).exp()  # (L,): each token scored in its own group's row
     return {m: chosen[where] for m, where in positions.items()}, groups
 
 
