@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from inference.critique import confidence_scores, make_draft, sample_score
-from inference.evaluate import EvalCase, Judges, judge_image
+from inference.evaluate import EvalCase, Judges, judge_image, paired_difference, verdicts_of
 from unimodal.errors import InputError
 
 BEST_OF_SEED_STRIDE = 100_003
@@ -39,7 +39,7 @@ def _base(pipe, cases, seed: int, batch_size: int) -> list:
             for r in pipe.generate_batch(requests[first:first + batch_size])]
 
 
-def _refined(pipe, cases, base, judges, critic, rounds: int, seed: int, groups: int) -> dict:
+def _refined(pipe, cases, base, judges, critic, rounds: int, seed: int, groups: int, options: dict) -> dict:
     """Per round: accuracy, mean cumulative passes, fix and break rates; and the stop reasons."""
     n = len(cases)
     verdicts = np.zeros((n, rounds + 1), dtype=bool)  # [case, after round r]; a case that stopped keeps its last
@@ -49,7 +49,7 @@ def _refined(pipe, cases, base, judges, critic, rounds: int, seed: int, groups: 
     for i, (case, result) in enumerate(zip(cases, base)):
         seen = {}
         _, trace = pipe.refine(result, text=case.text, rounds=rounds, critic=critic, groups=groups, seed=seed + i,
-                               on_round=lambda r, res: seen.__setitem__(r, res.image))
+                               **options, on_round=lambda r, res: seen.__setitem__(r, res.image))
         spent = np.cumsum([trace["scoring_passes_initial"]] + [x["forward_passes"] for x in trace["rounds"]])
         for r in range(1, rounds + 1):
             verdicts[i, r] = _verdicts([case], [seen[r]], judges)[0] if r in seen else verdicts[i, r - 1]
@@ -62,7 +62,8 @@ def _refined(pipe, cases, base, judges, critic, rounds: int, seed: int, groups: 
         rows.append({"round": r, "accuracy": float(after.mean()), "forward_passes": float(base_passes + passes[:, r].mean()),
                      "fix_rate": _rate(~before & after, ~before) if r else None,
                      "break_rate": _rate(before & ~after, before) if r else None})
-    return {"rounds": rows, "stopped": stops}
+    return {"rounds": rows, "stopped": stops,
+            "final_minus_base": paired_difference(verdicts_of(verdicts[:, -1]), verdicts_of(verdicts[:, 0]))}
 
 
 def _rate(hits: np.ndarray, among: np.ndarray) -> float | None:
@@ -97,17 +98,18 @@ def _confidence(pipe, case, result, groups: int) -> float:
 
 def bench_refine(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confidence", "random"), rounds: int = 3,
                  best_of: int = 4, seed: int = 0, groups: int = 4, batch_size: int = 16, judges: Judges | None = None,
-                 progress=print) -> dict:
-    """The report: base accuracy, refine per critic per round, best-of-N; every figure with its passes."""
+                 progress=print, options: dict | None = None) -> dict:
+    """The report: base accuracy, refine per critic per round, best-of-N; every figure with its passes.
+    ``options``: more keywords of ``pipe.refine`` (e.g. ``temperature`` of the regenerations)."""
     if not cases:
         raise InputError("bench refine needs at least one case")
     judges = judges or Judges()
     base = _base(pipe, cases, seed, batch_size)
-    report = {"n": len(cases), "seed": seed, "rounds": rounds, "groups": groups,
+    report = {"n": len(cases), "seed": seed, "rounds": rounds, "groups": groups, "options": dict(options or {}),
               "sampler": {k: base[0].settings.get(k) for k in ("mode", "steps", "cfg", "temperature",
                                                                "choice_temperature")}, "refine": {}}
     for critic in critics:
-        report["refine"][critic] = _refined(pipe, cases, base, judges, critic, rounds, seed, groups)
+        report["refine"][critic] = _refined(pipe, cases, base, judges, critic, rounds, seed, groups, dict(options or {}))
         progress(f"done: refine {critic}")
     report["best_of"] = _best_of(pipe, cases, base, judges, best_of, seed, groups, batch_size)
     return report
@@ -139,7 +141,8 @@ def _corrupted(pipe, cases, fraction: float, seed: int):
 
 
 def bench_repair(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confidence", "random"), fraction: float = 0.25,
-                 rounds: int = 3, seed: int = 0, groups: int = 4, judges: Judges | None = None, progress=print) -> dict:
+                 rounds: int = 3, seed: int = 0, groups: int = 4, judges: Judges | None = None, progress=print,
+                 options: dict | None = None) -> dict:
     """Real test pictures with ``fraction`` of their codes corrupted: judged accuracy of the codec's own
     reconstruction, of the corrupted pictures, and after refine per critic; each critic's AUROC at telling
     the corrupted codes from the others and the precision of the codes it flags first."""
@@ -148,7 +151,8 @@ def bench_repair(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confiden
     judges = judges or Judges()
     truth, corrupt, wrong = _corrupted(pipe, cases, fraction, seed)
     decode = lambda ids: list(pipe.image_codec.decode(ids))  # noqa: E731 - codes -> pictures
-    report = {"n": len(cases), "corrupted_fraction": fraction, "rounds": rounds, "seed": seed,
+    options = dict(options or {})
+    report = {"n": len(cases), "corrupted_fraction": fraction, "rounds": rounds, "seed": seed, "options": options,
               "accuracy_reconstructed": float(np.mean(_verdicts(cases, decode(truth), judges))),
               "accuracy_corrupted": float(np.mean(_verdicts(cases, decode(corrupt), judges))), "critics": {}}
     for critic in critics:
@@ -156,7 +160,8 @@ def bench_repair(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confiden
         for i, case in enumerate(cases):
             result = _as_result(pipe, corrupt[i])
             scores.append(pipe.critique(result, text=case.text, critic=critic, groups=groups, seed=seed + i).scores["image"])
-            fixed, _ = pipe.refine(result, text=case.text, rounds=rounds, critic=critic, groups=groups, seed=seed + i)
+            fixed, _ = pipe.refine(result, text=case.text, rounds=rounds, critic=critic, groups=groups, seed=seed + i,
+                                   **options)
             repaired.append(torch.tensor(fixed.token_ids["image"]))
         scores, repaired = np.array(scores), torch.stack(repaired)
         flagged_first = np.argsort(scores, axis=1, kind="stable")[:, :max(1, round(scores.shape[1] * 0.1))]
@@ -187,7 +192,8 @@ def format_repair(report: dict) -> str:
     for critic, row in report["critics"].items():
         lines.append(f"{critic:<12} {_cell(row['auroc']):>6} {row['precision_lowest_10pct']:>9.3f} "
                      f"{row['accuracy_refined']:>9.3f} {row['codes_restored']:>9.3f} {row['codes_broken']:>7.3f}")
-    lines.append(f"n={report['n']} real test pictures, {report['rounds']} refine rounds, seed {report['seed']}; "
+    lines.append(f"n={report['n']} real test pictures, {report['rounds']} refine rounds, seed {report['seed']}, "
+                 f"refine options {report.get('options') or {}}; "
                  f"restored: corrupted codes back to the original; broken: other codes changed")
     return "\n".join(lines)
 
@@ -209,8 +215,14 @@ def format_table(report: dict) -> str:
     for row in report["best_of"]:
         lines.append(f"{'best-of-' + str(row['n']) + ' (confidence)':<22} {row['forward_passes']:>7.1f} "
                      f"{row['accuracy']:>9.3f} {'-':>6} {'-':>6}   (any of {row['n']} right: {row['oracle_accuracy']:.3f})")
+    for critic, part in report["refine"].items():
+        diff = part.get("final_minus_base")
+        if diff:
+            lines.append(f"refine {critic} minus no refine (same cases): {diff['mean']:+.3f}, 95% CI "
+                         f"[{diff['ci95'][0]:+.3f}, {diff['ci95'][1]:+.3f}]")
     stops = "; ".join(f"{c}: {p['stopped']}" for c, p in report["refine"].items())
     lines.append(f"n={report['n']} text->image cases, seed {report['seed']}, sampler {report['sampler']}, "
+                 f"refine options {report.get('options') or {}}, "
                  f"confidence groups {report['groups']}; refine stops: {stops}")
     return "\n".join(lines)
 

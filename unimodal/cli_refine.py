@@ -120,11 +120,12 @@ def _cmd_bench_refine(args) -> int:
     if args.corrupt is not None:
         if not 0 < args.corrupt < 1:
             raise InputError(f"--corrupt is the share of codes to corrupt, in (0, 1); got {args.corrupt}")
-        report = bench_repair(pipe, cases, critics, args.corrupt, args.rounds, args.seed, progress=progress)
+        report = bench_repair(pipe, cases, critics, args.corrupt, args.rounds, args.seed, progress=progress,
+                              options=_refine_options(args))
         table = format_repair(report)
     else:
         report = bench_refine(pipe, cases, critics, args.rounds, args.best_of, args.seed, batch_size=args.batch_size,
-                              progress=progress)
+                              progress=progress, options=_refine_options(args))
         table = format_table(report)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split)
     print(table)
@@ -134,6 +135,12 @@ def _cmd_bench_refine(args) -> int:
     (out / "bench_refine.json").write_text(json.dumps(report, indent=2) + "\n")
     print(out / "bench_refine.json")
     return 0
+
+
+def _refine_options(args) -> dict:
+    """Keywords of ``refine`` the bench passes on (only those given)."""
+    options = {"temperature": args.temperature, "fraction": args.fraction, "threshold": args.threshold}
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def _add_common(parser, out_help: str) -> None:
@@ -189,6 +196,10 @@ def add_bench_refine_command(bench) -> None:
     sub.add_argument("--critics", default="confidence,random")
     sub.add_argument("--seed", type=int, default=0)
     sub.add_argument("--batch-size", type=int, default=16)
+    sub.add_argument("--temperature", type=float, default=None, help="sampling temperature of the regenerations "
+                     "(default: the model's for images)")
+    sub.add_argument("--fraction", type=float, default=None, help="most tokens a round flags, as a share (0.25)")
+    sub.add_argument("--threshold", type=float, default=None, help="flag only tokens scored below this (0.5)")
     sub.add_argument("--corrupt", type=float, default=None, help="instead: corrupt this share of the codes of the "
                      "real test pictures and measure how much refine restores (and each critic's AUROC)")
     sub.add_argument("--out", default="bench-refine", help="folder for bench_refine.json")
