@@ -286,6 +286,22 @@ def test_cross_modal_check_names_the_region_to_redo(pipe, image_result, monkeypa
     assert face.cross_modal_check(pipe, image_result, PROMPT)["agrees"] is True
 
 
+def test_cross_modal_check_on_speech_points_at_the_differing_word(pipe, monkeypatch):
+    from unimodal import refine as face
+    from unimodal.results import GenerationResult
+
+    class Read:
+        text, forward_passes = "a small blue circle on the left", 3
+
+    monkeypatch.setattr(pipe, "generate", lambda **kwargs: Read())
+    codes = int(3.0 * pipe.layout.audio_frame_rate)  # a 3-second clip
+    clip = GenerationResult(audio=np.zeros(48_000, np.float32), token_ids={"audio": [0] * codes})
+    report = face.cross_modal_check(pipe, clip, PROMPT)
+    (region,) = report["regions"]
+    middle = 3.0 * (PROMPT.index("red") + 1.5) / len(PROMPT)  # "red" at an even speaking rate
+    assert region["modality"] == "audio" and region["seconds"][0] < middle < region["seconds"][1]
+
+
 # ---- the commands -----------------------------------------------------------------------------------------------
 
 
