@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from inference.critique import (DEFAULT_FRACTION, DEFAULT_GROUPS, DEFAULT_THRESHOLD, Draft, flagged, make_critic,
-                                regions_from_flags, remasked, sample_score, selection_of)
+                                region_indices, regions_from_flags, remasked, sample_score, selection_of)
 from inference.sampler import Request, SamplerConfig
 from inference.sampler import generate as sample
 from unimodal.errors import InputError
@@ -168,7 +168,8 @@ def _round(model, layout, state: _Loop, plan, judge, sampler: SamplerConfig, con
     """One plan-execute-evaluate round; returns why the loop stops, or None to go on."""
     plan_passes = 0
     if given_regions is not None:
-        regions = [dict(r) for r in given_regions]
+        regions = [{**r, "indices": region_indices(layout, r, state.draft, text_codec).tolist()}
+                   for r in given_regions]  # the trace says exactly what a caller's region covered
     else:
         scores, plan_passes = (state.scores, 0) if plan is judge else plan(state.draft, round_)
         regions = plan_regions(layout, state.draft, scores, config, text_codec)

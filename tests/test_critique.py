@@ -253,7 +253,7 @@ def test_the_budget_is_never_passed(pipe, image_result):
 def test_a_callers_plan_and_an_edit_touch_only_their_region(pipe, image_result):
     region = {"modality": "image", "box": [0, 0, 16, 16]}
     _, trace = pipe.refine(image_result, text=PROMPT, regions=[region], rounds=1, critic="confidence", **FAST)
-    assert trace["rounds"][0]["tokens_remasked"] == 4
+    assert trace["rounds"][0]["tokens_remasked"] == 4 and trace["rounds"][0]["regions"][0]["indices"] == [0, 1, 8, 9]
     edited = pipe.edit(image_result, region, text="a blue square", **FAST)
     assert set(_changed(image_result.token_ids, edited.token_ids)["image"]) <= {0, 1, 8, 9}
     assert edited.settings["edit"]["tokens_remasked"] == {"image": 4}
