@@ -124,65 +124,130 @@ def auroc(scores: np.ndarray, wrong: np.ndarray) -> float | None:
     return float(below)
 
 
-def _corrupted(pipe, cases, fraction: float, seed: int):
-    """Each real picture's codes with ``fraction`` of them replaced by other random codes, and where."""
+REPAIR_MODALITIES = ("image", "text", "audio")
+
+
+def _corrupted(truth: list, size: int, fraction: float, seed: int):
+    """Each token list with ``fraction`` of its tokens replaced by other random ones, and where."""
     import torch
 
-    truth = pipe.image_codec.encode(np.stack([c.image for c in cases])).cpu()  # (n, 64)
     generator = torch.Generator().manual_seed(seed)
-    corrupt, wrong = truth.clone(), torch.zeros_like(truth, dtype=torch.bool)
-    size, count = pipe.layout.image_codebook_size, max(1, round(truth.shape[1] * fraction))
-    for row in range(len(cases)):
-        where = torch.randperm(truth.shape[1], generator=generator)[:count]
+    corrupt, wrong = [], []
+    for ids in truth:
+        count = max(1, round(len(ids) * fraction))
+        where = torch.randperm(len(ids), generator=generator)[:count]
         shift = torch.randint(1, size, (count,), generator=generator)
-        corrupt[row, where] = (truth[row, where] + shift) % size  # never the code it was
-        wrong[row, where] = True
-    return truth, corrupt, wrong
+        changed, flags = ids.clone(), torch.zeros(len(ids), dtype=torch.bool)
+        changed[where] = (ids[where] + shift) % size  # never the token it was
+        flags[where] = True
+        corrupt.append(changed)
+        wrong.append(flags)
+    return corrupt, wrong
+
+
+class _RepairKind:
+    """What repairing one modality means: its real tokens, the condition it is read against, and the judge.
+    image: the picture's codes against its caption; text: the caption's tokens against the picture; audio:
+    the speech's codes against the caption (judged through the speech judge's transcript)."""
+
+    def __init__(self, pipe, modality: str, judges: Judges):
+        self.pipe, self.modality, self.judges = pipe, modality, judges
+
+    def truth(self, cases) -> list:
+        import torch
+
+        pipe, layout = self.pipe, self.pipe.layout
+        if self.modality == "image":
+            return list(pipe.image_codec.encode(np.stack([c.image for c in cases])).cpu())
+        if self.modality == "text":
+            return [ids[:layout.max_text_len] for ids in pipe.text_codec.encode([c.text for c in cases])]
+        return [pipe._encode_audio(torch.tensor(c.audio, dtype=torch.float32))[:layout.max_audio_len] for c in cases]
+
+    def condition(self, case) -> dict:
+        return {"image": case.image} if self.modality == "text" else {"text": case.text}
+
+    def result(self, ids):
+        """A result holding exactly these tokens (what refine reads) and what they decode to."""
+        from unimodal.results import GenerationResult
+
+        pipe, output = self.pipe, {}
+        if self.modality == "image":
+            from PIL import Image
+
+            output["image"] = Image.fromarray(pipe.image_codec.decode(ids[None])[0])
+        elif self.modality == "audio":
+            output["audio"] = pipe.audio_codec.decode([ids])[0]
+        else:
+            output["text"] = pipe.text_codec.decode_one(ids)
+        inputs = ["image"] if self.modality == "text" else ["text"]
+        return GenerationResult(**output, token_ids={self.modality: ids.tolist()}, settings={"inputs": inputs})
+
+    def verdicts(self, cases, token_lists) -> list[bool]:
+        from inference.evaluate import caption_correct
+
+        if self.modality == "image":
+            return _verdicts(cases, list(self.pipe.image_codec.decode(_stack(token_lists))), self.judges)
+        if self.modality == "text":
+            return [bool(caption_correct(c, self.pipe.text_codec.decode_one(ids))) for c, ids in zip(cases, token_lists)]
+        heard = self.judges.speech.transcribe_many(self.pipe.audio_codec.decode(list(token_lists)), progress=False)
+        return [bool(caption_correct(c, h)) for c, h in zip(cases, heard)]
+
+
+def _stack(token_lists):
+    import torch
+
+    return torch.stack(list(token_lists))
 
 
 def bench_repair(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confidence", "random"), fraction: float = 0.25,
                  rounds: int = 3, seed: int = 0, groups: int = 4, judges: Judges | None = None, progress=print,
-                 options: dict | None = None) -> dict:
-    """Real test pictures with ``fraction`` of their codes corrupted: judged accuracy of the codec's own
-    reconstruction, of the corrupted pictures, and after refine per critic; each critic's AUROC at telling
-    the corrupted codes from the others and the precision of the codes it flags first."""
-    import torch
-
-    judges = judges or Judges()
-    truth, corrupt, wrong = _corrupted(pipe, cases, fraction, seed)
-    decode = lambda ids: list(pipe.image_codec.decode(ids))  # noqa: E731 - codes -> pictures
+                 options: dict | None = None, modality: str = "image") -> dict:
+    """Real test data with ``fraction`` of one modality's tokens corrupted (pictures by default, or captions,
+    or speech): judged accuracy of the codec's own round trip, of the corrupted data, and after refine per
+    critic; each critic's AUROC at telling the corrupted tokens from the others and the precision of the
+    tokens it scores lowest."""
+    if modality not in REPAIR_MODALITIES:
+        raise InputError(f"the repair modality must be one of {REPAIR_MODALITIES}, got {modality!r}")
+    kind = _RepairKind(pipe, modality, judges or Judges())
+    truth = kind.truth(cases)
+    corrupt, wrong = _corrupted(truth, pipe.layout.codebook_size(modality), fraction, seed)
     options = dict(options or {})
-    report = {"n": len(cases), "corrupted_fraction": fraction, "rounds": rounds, "seed": seed, "options": options,
-              "accuracy_reconstructed": float(np.mean(_verdicts(cases, decode(truth), judges))),
-              "accuracy_corrupted": float(np.mean(_verdicts(cases, decode(corrupt), judges))), "critics": {}}
+    report = {"n": len(cases), "modality": modality, "corrupted_fraction": fraction, "rounds": rounds, "seed": seed,
+              "options": options, "accuracy_reconstructed": float(np.mean(kind.verdicts(cases, truth))),
+              "accuracy_corrupted": float(np.mean(kind.verdicts(cases, corrupt))), "critics": {}}
     for critic in critics:
-        repaired, scores = [], []
-        for i, case in enumerate(cases):
-            result = _as_result(pipe, corrupt[i])
-            scores.append(pipe.critique(result, text=case.text, critic=critic, groups=groups, seed=seed + i).scores["image"])
-            fixed, _ = pipe.refine(result, text=case.text, rounds=rounds, critic=critic, groups=groups, seed=seed + i,
-                                   **options)
-            repaired.append(torch.tensor(fixed.token_ids["image"]))
-        scores, repaired = np.array(scores), torch.stack(repaired)
-        flagged_first = np.argsort(scores, axis=1, kind="stable")[:, :max(1, round(scores.shape[1] * 0.1))]
-        report["critics"][critic] = {
-            "auroc": auroc(scores.reshape(-1), wrong.numpy().reshape(-1)),
-            "precision_lowest_10pct": float(np.take_along_axis(wrong.numpy(), flagged_first, 1).mean()),
-            "accuracy_refined": float(np.mean(_verdicts(cases, decode(repaired), judges))),
-            "codes_restored": float(((repaired == truth) & wrong).sum() / wrong.sum()),
-            "codes_broken": float(((repaired != truth) & ~wrong).sum() / (~wrong).sum())}
+        report["critics"][critic] = _repaired(pipe, kind, cases, truth, corrupt, wrong, critic, rounds, seed, groups,
+                                              options)
         progress(f"done: repair {critic}")
     return report
 
 
-def _as_result(pipe, image_ids):
-    """A result holding exactly these codes (what refine reads), the picture decoded from them."""
-    from PIL import Image
+def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rounds, seed, groups, options) -> dict:
+    import torch
 
-    from unimodal.results import GenerationResult
+    repaired, scores = [], []
+    for i, case in enumerate(cases):
+        result, condition = kind.result(corrupt[i]), kind.condition(case)
+        scores.append(np.array(pipe.critique(result, **condition, critic=critic, groups=groups,
+                                             seed=seed + i).scores[kind.modality]))
+        fixed, _ = pipe.refine(result, **condition, rounds=rounds, critic=critic, groups=groups, seed=seed + i,
+                               **options)
+        repaired.append(torch.tensor(fixed.token_ids[kind.modality]))
+    lowest = [np.argsort(s, kind="stable")[:max(1, round(len(s) * 0.1))] for s in scores]
+    flags = np.concatenate([w.numpy() for w in wrong])
+    restored = sum(int(((r[:len(t)] == t[:len(r)]) & w[:len(r)]).sum()) for r, t, w in zip(repaired, truth, wrong))
+    broken = sum(_broken(r, t, w) for r, t, w in zip(repaired, truth, wrong))
+    return {"auroc": auroc(np.concatenate(scores), flags),
+            "precision_lowest_10pct": float(np.mean(np.concatenate([w.numpy()[k] for w, k in zip(wrong, lowest)]))),
+            "accuracy_refined": float(np.mean(kind.verdicts(cases, repaired))),
+            "codes_restored": restored / max(int(flags.sum()), 1),
+            "codes_broken": broken / max(int((~flags).sum()), 1)}
 
-    picture = Image.fromarray(pipe.image_codec.decode(image_ids[None])[0])
-    return GenerationResult(image=picture, token_ids={"image": image_ids.tolist()}, settings={"inputs": ["text"]})
+
+def _broken(repaired, truth, wrong) -> int:
+    """Right tokens that are no longer what they were (cut off by a shorter repair counts as changed)."""
+    length = min(len(repaired), len(truth))
+    return int(((repaired[:length] != truth[:length]) & ~wrong[:length]).sum()) + int((~wrong[length:]).sum())
 
 
 def format_repair(report: dict) -> str:
@@ -192,7 +257,8 @@ def format_repair(report: dict) -> str:
     for critic, row in report["critics"].items():
         lines.append(f"{critic:<12} {_cell(row['auroc']):>6} {row['precision_lowest_10pct']:>9.3f} "
                      f"{row['accuracy_refined']:>9.3f} {row['codes_restored']:>9.3f} {row['codes_broken']:>7.3f}")
-    lines.append(f"n={report['n']} real test pictures, {report['rounds']} refine rounds, seed {report['seed']}, "
+    lines.append(f"n={report['n']} real test cases, {report.get('modality', 'image')} corrupted, {report['rounds']} "
+                 f"refine rounds, seed {report['seed']}, "
                  f"refine options {report.get('options') or {}}; "
                  f"restored: corrupted codes back to the original; broken: other codes changed")
     return "\n".join(lines)

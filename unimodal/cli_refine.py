@@ -115,13 +115,13 @@ def _cmd_bench_refine(args) -> int:
     critics = [_critic(c.strip()) for c in args.critics.split(",") if c.strip()]
     model_dir = resolve_model_dir(args.model)
     pipe = load_pipeline(model_dir, args.device)
-    cases, _ = load_cases("scenes", args.split, args.n, speech=False)
+    cases, _ = load_cases("scenes", args.split, args.n, speech=args.corrupt is not None and args.modality == "audio")
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if args.corrupt is not None:
         if not 0 < args.corrupt < 1:
             raise InputError(f"--corrupt is the share of codes to corrupt, in (0, 1); got {args.corrupt}")
         report = bench_repair(pipe, cases, critics, args.corrupt, args.rounds, args.seed, progress=progress,
-                              options=_refine_options(args))
+                              options=_refine_options(args), modality=args.modality)
         table = format_repair(report)
     else:
         report = bench_refine(pipe, cases, critics, args.rounds, args.best_of, args.seed, batch_size=args.batch_size,
@@ -202,6 +202,8 @@ def add_bench_refine_command(bench) -> None:
     sub.add_argument("--threshold", type=float, default=None, help="flag only tokens scored below this (0.5)")
     sub.add_argument("--corrupt", type=float, default=None, help="instead: corrupt this share of the codes of the "
                      "real test pictures and measure how much refine restores (and each critic's AUROC)")
+    sub.add_argument("--modality", default="image", choices=["image", "text", "audio"],
+                     help="--corrupt: whose tokens to corrupt (image codes, caption tokens, speech codes)")
     sub.add_argument("--out", default="bench-refine", help="folder for bench_refine.json")
     sub.set_defaults(func=_cmd_bench_refine)
 
