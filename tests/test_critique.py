@@ -353,3 +353,8 @@ def test_bench_refine_repair_mode_and_auroc(tiny_codec_dir, tmp_path, capsys):
     assert code == 0, err
     report = json.loads((tmp_path / "repair" / "bench_refine.json").read_text())
     assert report["corrupted_fraction"] == 0.25 and 0 <= report["critics"]["random"]["codes_broken"] <= 1
+    code, out, err = run(capsys, "bench", "refine", "--model", model, "--n", "2", "--rounds", "1", "--corrupt",
+                         "0.25", "--modality", "text", "--critics", "confidence", "--out", tmp_path / "text")
+    assert code == 0, err
+    report = json.loads((tmp_path / "text" / "bench_refine.json").read_text())
+    assert report["modality"] == "text" and 0 <= report["critics"]["confidence"]["auroc"] <= 1
