@@ -445,8 +445,10 @@ class Layout:
         n_codes = self.max_audio_len if n_codes is None else n_codes
         if start_s < 0 or not end_s > start_s:
             raise InputError(f"an audio span needs 0 <= start < end (seconds), got {start_s}..{end_s}")
-        first = math.floor(start_s * self.audio_frame_rate)
-        end = min(n_codes, math.ceil(end_s * self.audio_frame_rate))
+        # The epsilon keeps code boundaries exact: at 12.5 codes/s, (6 / 12.5) * 12.5 is 5.999..., which would
+        # floor to code 5, so the span a region helper wrote for code 6 would not map back to code 6.
+        first = math.floor(start_s * self.audio_frame_rate + 1e-9)
+        end = min(n_codes, math.ceil(end_s * self.audio_frame_rate - 1e-9))
         if first >= end:
             raise InputError(f"the span {start_s}..{end_s} s starts after the audio ends "
                              f"({n_codes} codes = {n_codes / self.audio_frame_rate:.2f} s)")

@@ -449,6 +449,9 @@ def add_bench_commands(sub) -> None:
     from unimodal.recipe import add_recipe_command
 
     add_recipe_command(bench)
+    from unimodal.cli_refine import add_bench_refine_command
+
+    add_bench_refine_command(bench)
 
 
 def _parse_cfg(value: str):
@@ -565,13 +568,19 @@ def add_eval_commands(sub) -> None:
     add_eval_command(sub)
 
 
+def add_refine_commands(sub) -> None:
+    from unimodal.cli_refine import add_refine_commands as add
+
+    add(sub)
+
+
 EVAL_HELP = "generate in every direction and score with the independent judges"
 # Groups whose parsers import torch (their defaults live beside the code) are built only when their command is
 # named; otherwise each gets a stub with its help line, so `unimodal --help` lists it without the import.
 HEAVY_GROUPS = {add_train_command: {"train": TRAIN_HELP, "export-model": EXPORT_MODEL_HELP},
                 add_bench_commands: {"bench": "benchmarks"}, add_eval_commands: {"eval": EVAL_HELP}}
 COMMAND_GROUPS = [add_data_commands, add_codec_commands, add_judge_commands, add_train_command, add_bench_commands,
-                  add_eval_commands, add_generate_commands, add_serve_command]
+                  add_eval_commands, add_generate_commands, add_serve_command, add_refine_commands]
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

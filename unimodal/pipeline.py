@@ -448,6 +448,26 @@ class UniModal(DiffusionPipeline):
                 settings=_settings(config, item, result)))
         return results
 
+    # ---- self-critique: the loop lives in inference/critique.py and inference/refine.py ----------------------
+
+    def critique(self, result, **kwargs):
+        """Per-token scores, flagged regions (native units) and a heat map; see :func:`unimodal.refine.critique`."""
+        from unimodal.refine import critique
+
+        return critique(self, result, **kwargs)
+
+    def refine(self, result, **kwargs):
+        """Re-mask flagged regions and regenerate them: (result, trace); see :func:`unimodal.refine.refine`."""
+        from unimodal.refine import refine
+
+        return refine(self, result, **kwargs)
+
+    def edit(self, content, region, **kwargs):
+        """Regenerate ``region`` of ``content`` from a new description; see :func:`unimodal.refine.edit`."""
+        from unimodal.refine import edit
+
+        return edit(self, content, region, **kwargs)
+
 
 # ---- helpers ------------------------------------------------------------------------------------------------
 

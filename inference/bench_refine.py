@@ -1,0 +1,296 @@
+"""``unimodal bench refine``: does self-critique repair text->image generations, and is it worth its passes?
+
+For each case (a scene caption of the test split) the model draws one picture (seed ``seed + i``); then:
+
+- **refine**, per critic (``confidence``, ``random``; ``learned`` once its head is trained): up to ``rounds``
+  plan-execute-evaluate rounds (:func:`inference.refine.refine`); the picture after every round is judged,
+  so the table holds the accuracy and the mean forward passes spent so far after each round, and the fix
+  rate (wrong -> right, over the cases wrong before the round) and break rate (right -> wrong, over those
+  right before it) of each round;
+- **best-of-N**: N pictures per case (seeds ``seed + i + k * 100003``), the one with the best confidence
+  score kept (each scored with the same ``groups`` calls the confidence critic spends), N = 1 .. ``best_of``.
+
+Forward passes are model calls over the targets per case, as the sampler counts steps (the guidance rows of
+a call are not counted apart, the same for every method). The independent scene judge scores every
+picture; the model never sees it. The cases arrive ready-made (``inference/`` does not import ``training/``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from inference.critique import confidence_scores, make_draft, sample_score
+from inference.evaluate import EvalCase, Judges, judge_image, paired_difference, verdicts_of
+from unimodal.errors import InputError
+
+BEST_OF_SEED_STRIDE = 100_003
+
+
+def _verdicts(cases: Sequence[EvalCase], images, judges: Judges) -> list[bool]:
+    return [bool(judge_image(c, im, judges.scene if c.kind == "scene" else None,
+                             judges.digit if c.kind == "digit" else None).get("correct")) for c, im in zip(cases, images)]
+
+
+def _base(pipe, cases, seed: int, batch_size: int) -> list:
+    requests = [{"text": c.text, "to": "image", "seed": seed + i} for i, c in enumerate(cases)]
+    return [r for first in range(0, len(requests), batch_size)
+            for r in pipe.generate_batch(requests[first:first + batch_size])]
+
+
+def _refined(pipe, cases, base, judges, critic, rounds: int, seed: int, groups: int, options: dict) -> dict:
+    """Per round: accuracy, mean cumulative passes, fix and break rates; and the stop reasons."""
+    n = len(cases)
+    verdicts = np.zeros((n, rounds + 1), dtype=bool)  # [case, after round r]; a case that stopped keeps its last
+    passes = np.zeros((n, rounds + 1))
+    stops: dict[str, int] = {}
+    verdicts[:, 0] = _verdicts(cases, [r.image for r in base], judges)
+    for i, (case, result) in enumerate(zip(cases, base)):
+        seen = {}
+        _, trace = pipe.refine(result, text=case.text, rounds=rounds, critic=critic, groups=groups, seed=seed + i,
+                               **options, on_round=lambda r, res: seen.__setitem__(r, res.image))
+        spent = np.cumsum([trace["scoring_passes_initial"]] + [x["forward_passes"] for x in trace["rounds"]])
+        for r in range(1, rounds + 1):
+            verdicts[i, r] = _verdicts([case], [seen[r]], judges)[0] if r in seen else verdicts[i, r - 1]
+            passes[i, r] = spent[min(r, len(spent) - 1)]
+        stops[trace["stopped"]] = stops.get(trace["stopped"], 0) + 1
+    base_passes = np.mean([r.forward_passes for r in base])
+    rows = []
+    for r in range(rounds + 1):
+        before, after = verdicts[:, max(r - 1, 0)], verdicts[:, r]
+        rows.append({"round": r, "accuracy": float(after.mean()), "forward_passes": float(base_passes + passes[:, r].mean()),
+                     "fix_rate": _rate(~before & after, ~before) if r else None,
+                     "break_rate": _rate(before & ~after, before) if r else None})
+    return {"rounds": rows, "stopped": stops,
+            "final_minus_base": paired_difference(verdicts_of(verdicts[:, -1]), verdicts_of(verdicts[:, 0]))}
+
+
+def _rate(hits: np.ndarray, among: np.ndarray) -> float | None:
+    return float(hits.sum() / among.sum()) if among.sum() else None
+
+
+def _best_of(pipe, cases, base, judges, best_of: int, seed: int, groups: int, batch_size: int) -> list[dict]:
+    """Accuracy of the best-scored of the first N pictures per case, N = 1 .. best_of."""
+    draws = [base] + [_base(pipe, cases, seed + k * BEST_OF_SEED_STRIDE, batch_size) for k in range(1, best_of)]
+    scores = np.array([[_confidence(pipe, case, r, groups) for case, r in zip(cases, results)] for results in draws])
+    right = np.array([_verdicts(cases, [r.image for r in results], judges) for results in draws])  # (N, n)
+    base_passes = np.mean([r.forward_passes for r in base])
+    rows = []
+    for count in range(1, best_of + 1):
+        pick = scores[:count].argmax(0)  # (n,)
+        scoring = groups * count if count > 1 else 0  # one picture needs no choosing
+        rows.append({"n": count, "accuracy": float(right[pick, np.arange(len(cases))].mean()),
+                     "forward_passes": float(count * base_passes + scoring),
+                     "oracle_accuracy": float(right[:count].any(0).mean())})
+    return rows
+
+
+def _confidence(pipe, case, result, groups: int) -> float:
+    """The draft's confidence score, read with the guidance it was sampled with."""
+    import torch
+
+    draft = make_draft(pipe.layout, [("text", pipe.text_codec.encode_one(case.text))],
+                       {"image": torch.tensor(result.token_ids["image"])})
+    scores, _ = confidence_scores(pipe.backbone, pipe.layout, draft, groups, result.settings.get("cfg"))
+    return sample_score(scores)
+
+
+def bench_refine(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confidence", "random"), rounds: int = 3,
+                 best_of: int = 4, seed: int = 0, groups: int = 4, batch_size: int = 16, judges: Judges | None = None,
+                 progress=print, options: dict | None = None) -> dict:
+    """The report: base accuracy, refine per critic per round, best-of-N; every figure with its passes.
+    ``options``: more keywords of ``pipe.refine`` (e.g. ``temperature`` of the regenerations)."""
+    if not cases:
+        raise InputError("bench refine needs at least one case")
+    judges = judges or Judges()
+    base = _base(pipe, cases, seed, batch_size)
+    report = {"n": len(cases), "seed": seed, "rounds": rounds, "groups": groups, "options": dict(options or {}),
+              "sampler": {k: base[0].settings.get(k) for k in ("mode", "steps", "cfg", "temperature",
+                                                               "choice_temperature")}, "refine": {}}
+    for critic in critics:
+        report["refine"][critic] = _refined(pipe, cases, base, judges, critic, rounds, seed, groups, dict(options or {}))
+        progress(f"done: refine {critic}")
+    report["best_of"] = _best_of(pipe, cases, base, judges, best_of, seed, groups, batch_size)
+    return report
+
+
+def auroc(scores: np.ndarray, wrong: np.ndarray) -> float | None:
+    """Chance that a wrong token scores below a right one (ties count half): the critic's AUROC."""
+    bad, good = scores[wrong], scores[~wrong]
+    if not len(bad) or not len(good):
+        return None
+    below = (bad[:, None] < good[None, :]).mean() + 0.5 * (bad[:, None] == good[None, :]).mean()
+    return float(below)
+
+
+REPAIR_MODALITIES = ("image", "text", "audio")
+
+
+def _corrupted(truth: list, size: int, fraction: float, seed: int):
+    """Each token list with ``fraction`` of its tokens replaced by other random ones, and where."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    corrupt, wrong = [], []
+    for ids in truth:
+        count = max(1, round(len(ids) * fraction))
+        where = torch.randperm(len(ids), generator=generator)[:count]
+        shift = torch.randint(1, size, (count,), generator=generator)
+        changed, flags = ids.clone(), torch.zeros(len(ids), dtype=torch.bool)
+        changed[where] = (ids[where] + shift) % size  # never the token it was
+        flags[where] = True
+        corrupt.append(changed)
+        wrong.append(flags)
+    return corrupt, wrong
+
+
+class _RepairKind:
+    """What repairing one modality means: its real tokens, the condition it is read against, and the judge.
+    image: the picture's codes against its caption; text: the caption's tokens against the picture; audio:
+    the speech's codes against the caption (judged through the speech judge's transcript)."""
+
+    def __init__(self, pipe, modality: str, judges: Judges):
+        self.pipe, self.modality, self.judges = pipe, modality, judges
+
+    def truth(self, cases) -> list:
+        import torch
+
+        pipe, layout = self.pipe, self.pipe.layout
+        if self.modality == "image":
+            return list(pipe.image_codec.encode(np.stack([c.image for c in cases])).cpu())
+        if self.modality == "text":
+            return [ids[:layout.max_text_len] for ids in pipe.text_codec.encode([c.text for c in cases])]
+        return [pipe._encode_audio(torch.tensor(c.audio, dtype=torch.float32))[:layout.max_audio_len] for c in cases]
+
+    def condition(self, case) -> dict:
+        return {"image": case.image} if self.modality == "text" else {"text": case.text}
+
+    def result(self, ids):
+        """A result holding exactly these tokens (what refine reads) and what they decode to."""
+        from unimodal.results import GenerationResult
+
+        pipe, output = self.pipe, {}
+        if self.modality == "image":
+            from PIL import Image
+
+            output["image"] = Image.fromarray(pipe.image_codec.decode(ids[None])[0])
+        elif self.modality == "audio":
+            output["audio"] = pipe.audio_codec.decode([ids])[0]
+        else:
+            output["text"] = pipe.text_codec.decode_one(ids)
+        inputs = ["image"] if self.modality == "text" else ["text"]
+        return GenerationResult(**output, token_ids={self.modality: ids.tolist()}, settings={"inputs": inputs})
+
+    def verdicts(self, cases, token_lists) -> list[bool]:
+        from inference.evaluate import caption_correct
+
+        if self.modality == "image":
+            return _verdicts(cases, list(self.pipe.image_codec.decode(_stack(token_lists))), self.judges)
+        if self.modality == "text":
+            return [bool(caption_correct(c, self.pipe.text_codec.decode_one(ids))) for c, ids in zip(cases, token_lists)]
+        heard = self.judges.speech.transcribe_many(self.pipe.audio_codec.decode(list(token_lists)), progress=False)
+        return [bool(caption_correct(c, h)) for c, h in zip(cases, heard)]
+
+
+def _stack(token_lists):
+    import torch
+
+    return torch.stack(list(token_lists))
+
+
+def bench_repair(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confidence", "random"), fraction: float = 0.25,
+                 rounds: int = 3, seed: int = 0, groups: int = 4, judges: Judges | None = None, progress=print,
+                 options: dict | None = None, modality: str = "image") -> dict:
+    """Real test data with ``fraction`` of one modality's tokens corrupted (pictures by default, or captions,
+    or speech): judged accuracy of the codec's own round trip, of the corrupted data, and after refine per
+    critic; each critic's AUROC at telling the corrupted tokens from the others and the precision of the
+    tokens it scores lowest."""
+    if modality not in REPAIR_MODALITIES:
+        raise InputError(f"the repair modality must be one of {REPAIR_MODALITIES}, got {modality!r}")
+    kind = _RepairKind(pipe, modality, judges or Judges())
+    truth = kind.truth(cases)
+    corrupt, wrong = _corrupted(truth, pipe.layout.codebook_size(modality), fraction, seed)
+    options = dict(options or {})
+    report = {"n": len(cases), "modality": modality, "corrupted_fraction": fraction, "rounds": rounds, "seed": seed,
+              "options": options, "accuracy_reconstructed": float(np.mean(kind.verdicts(cases, truth))),
+              "accuracy_corrupted": float(np.mean(kind.verdicts(cases, corrupt))), "critics": {}}
+    for critic in critics:
+        report["critics"][critic] = _repaired(pipe, kind, cases, truth, corrupt, wrong, critic, rounds, seed, groups,
+                                              options)
+        progress(f"done: repair {critic}")
+    return report
+
+
+def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rounds, seed, groups, options) -> dict:
+    import torch
+
+    repaired, scores = [], []
+    for i, case in enumerate(cases):
+        result, condition = kind.result(corrupt[i]), kind.condition(case)
+        scores.append(np.array(pipe.critique(result, **condition, critic=critic, groups=groups,
+                                             seed=seed + i).scores[kind.modality]))
+        fixed, _ = pipe.refine(result, **condition, rounds=rounds, critic=critic, groups=groups, seed=seed + i,
+                               **options)
+        repaired.append(torch.tensor(fixed.token_ids[kind.modality]))
+    lowest = [np.argsort(s, kind="stable")[:max(1, round(len(s) * 0.1))] for s in scores]
+    flags = np.concatenate([w.numpy() for w in wrong])
+    restored = sum(int(((r[:len(t)] == t[:len(r)]) & w[:len(r)]).sum()) for r, t, w in zip(repaired, truth, wrong))
+    broken = sum(_broken(r, t, w) for r, t, w in zip(repaired, truth, wrong))
+    return {"auroc": auroc(np.concatenate(scores), flags),
+            "precision_lowest_10pct": float(np.mean(np.concatenate([w.numpy()[k] for w, k in zip(wrong, lowest)]))),
+            "accuracy_refined": float(np.mean(kind.verdicts(cases, repaired))),
+            "codes_restored": restored / max(int(flags.sum()), 1),
+            "codes_broken": broken / max(int((~flags).sum()), 1)}
+
+
+def _broken(repaired, truth, wrong) -> int:
+    """Right tokens that are no longer what they were (cut off by a shorter repair counts as changed)."""
+    length = min(len(repaired), len(truth))
+    return int(((repaired[:length] != truth[:length]) & ~wrong[:length]).sum()) + int((~wrong[length:]).sum())
+
+
+def format_repair(report: dict) -> str:
+    lines = [f"{'critic':<12} {'AUROC':>6} {'prec@10%':>9} {'accuracy':>9} {'restored':>9} {'broken':>7}",
+             f"{'(real, codec round trip)':<37} {report['accuracy_reconstructed']:>9.3f}",
+             f"{'(corrupted ' + format(report['corrupted_fraction'], '.0%') + ')':<37} {report['accuracy_corrupted']:>9.3f}"]
+    for critic, row in report["critics"].items():
+        lines.append(f"{critic:<12} {_cell(row['auroc']):>6} {row['precision_lowest_10pct']:>9.3f} "
+                     f"{row['accuracy_refined']:>9.3f} {row['codes_restored']:>9.3f} {row['codes_broken']:>7.3f}")
+    lines.append(f"n={report['n']} real test cases, {report.get('modality', 'image')} corrupted, {report['rounds']} "
+                 f"refine rounds, seed {report['seed']}, "
+                 f"refine options {report.get('options') or {}}; "
+                 f"restored: corrupted codes back to the original; broken: other codes changed")
+    return "\n".join(lines)
+
+
+def _cell(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def format_table(report: dict) -> str:
+    lines = [f"{'method':<22} {'passes':>7} {'accuracy':>9} {'fix':>6} {'break':>6}"]
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731 - table cells
+    for critic, part in report["refine"].items():
+        for row in part["rounds"]:
+            name = "no refine" if row["round"] == 0 else f"refine {critic} r{row['round']}"
+            if row["round"] == 0 and critic != next(iter(report["refine"])):
+                continue
+            lines.append(f"{name:<22} {row['forward_passes']:>7.1f} {row['accuracy']:>9.3f} "
+                         f"{fmt(row['fix_rate']):>6} {fmt(row['break_rate']):>6}")
+    for row in report["best_of"]:
+        lines.append(f"{'best-of-' + str(row['n']) + ' (confidence)':<22} {row['forward_passes']:>7.1f} "
+                     f"{row['accuracy']:>9.3f} {'-':>6} {'-':>6}   (any of {row['n']} right: {row['oracle_accuracy']:.3f})")
+    for critic, part in report["refine"].items():
+        diff = part.get("final_minus_base")
+        if diff:
+            lines.append(f"refine {critic} minus no refine (same cases): {diff['mean']:+.3f}, 95% CI "
+                         f"[{diff['ci95'][0]:+.3f}, {diff['ci95'][1]:+.3f}]")
+    stops = "; ".join(f"{c}: {p['stopped']}" for c, p in report["refine"].items())
+    lines.append(f"n={report['n']} text->image cases, seed {report['seed']}, sampler {report['sampler']}, "
+                 f"refine options {report.get('options') or {}}, "
+                 f"confidence groups {report['groups']}; refine stops: {stops}")
+    return "\n".join(lines)
+
+
+__all__ = ["auroc", "bench_refine", "bench_repair", "format_repair", "format_table"]

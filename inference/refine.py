@@ -1,0 +1,221 @@
+"""Plan, execute, evaluate: repair a draft by re-masking the regions a critic flags and regenerating them.
+
+Each round:
+
+1. **plan**: score the draft's tokens with the critic and turn the lowest into regions (see
+   :mod:`inference.critique`), or take the caller's regions;
+2. **execute**: re-mask exactly the tokens of those regions and regenerate them with the sampler, every other
+   token of the draft (and the original conditions) held fixed as context (``Request.start_ids``);
+3. **evaluate**: score the candidate with the evaluator; keep it only if its sample score rose.
+
+The loop stops when a round does not improve, when the critic flags nothing, after ``rounds`` rounds, or
+before a round whose worst-case cost would pass the forward-pass ``budget``. The evaluator is the critic
+itself, except for ``random``, whose scores mean nothing: there the model's confidence judges, so the random
+baseline differs from the confidence critic only in *where* it re-masks.
+
+The trace (:func:`refine` returns it) is plain JSON: per round the regions, the sample score before and
+after, the tokens changed, the forward passes (critic, regeneration and evaluation model calls over the
+targets, as the sampler counts its steps) and whether the round was kept.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from inference.critique import (DEFAULT_FRACTION, DEFAULT_GROUPS, DEFAULT_THRESHOLD, Draft, flagged, make_critic,
+                                region_indices, regions_from_flags, remasked, sample_score, selection_of)
+from inference.sampler import Request, SamplerConfig
+from inference.sampler import generate as sample
+from unimodal.errors import InputError
+
+
+@dataclass(frozen=True)
+class RefineConfig:
+    """``rounds``: most rounds; ``budget``: most forward passes in all (None: no cap); ``fraction`` /
+    ``threshold``: which tokens a round may flag (the lowest ``fraction``, scored below ``threshold``);
+    ``groups``: re-masking groups of the confidence score; ``regen_steps``: sampler steps to regenerate a
+    round's tokens (None: the sampler's steps scaled by the share of tokens re-masked, at least 2);
+    ``seed``: noise of the regenerations (round r uses ``seed + r``) and of the random critic."""
+
+    rounds: int = 3
+    budget: int | None = None
+    fraction: float = DEFAULT_FRACTION
+    threshold: float = DEFAULT_THRESHOLD
+    groups: int = DEFAULT_GROUPS
+    regen_steps: int | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        for name, low in (("rounds", 0), ("groups", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InputError(f"{name} must be an int >= {low}, got {value!r}")
+        for name in ("budget", "regen_steps"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InputError(f"{name} must be a positive int or None, got {value!r}")
+        for name in ("fraction", "threshold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise InputError(f"{name} must be a number in (0, 1], got {value!r}")
+
+
+def critic_name(critic) -> str:
+    return critic if isinstance(critic, str) else getattr(critic, "__name__", "callable")
+
+
+def plan_regions(layout, draft: Draft, scores: Mapping[str, torch.Tensor], config: RefineConfig,
+                 text_codec=None) -> list[dict]:
+    """The regions to redo: connected areas of flagged tokens."""
+    flags = {m: flagged(s, config.fraction, config.threshold) for m, s in scores.items()}
+    return regions_from_flags(layout, flags, scores, draft, text_codec)
+
+
+def regenerate(model, layout, draft: Draft, selection: Mapping[str, torch.Tensor], sampler: SamplerConfig,
+               seed: int):
+    """The draft with its selected tokens re-masked and sampled again (the rest is context); the sampler's
+    result for it."""
+    start_ids = remasked(layout, draft, selection)
+    request = Request(list(draft.conditions), draft.target_segments(), start_ids=start_ids, seed=seed)
+    result = sample(model, layout, request, sampler)[0]
+    return draft.with_ids(result.target.ids), result
+
+
+def regen_steps(config: RefineConfig, sampler: SamplerConfig, n_masked: int, n_tokens: int) -> int:
+    if config.regen_steps is not None:
+        return config.regen_steps
+    return max(2, math.ceil(sampler.steps * n_masked / max(n_tokens, 1)))
+
+
+def outside_unchanged(layout, before: Draft, after: Draft, selection: Mapping[str, torch.Tensor]) -> bool:
+    """Whether every token outside the selection is as it was (an END written inside a text or audio
+    region would cut what follows it: such a candidate is refused)."""
+    old, new = before.tokens(layout), after.tokens(layout)
+    for modality, chosen in selection.items():
+        if len(new[modality]) < len(old[modality]):
+            keep = ~chosen
+            if bool(keep[len(new[modality]):].any()):
+                return False
+        length = min(len(old[modality]), len(new[modality]))
+        if not torch.equal(old[modality][:length][~chosen[:length]], new[modality][:length][~chosen[:length]]):
+            return False
+    return True
+
+
+def tokens_changed(layout, before: Draft, after: Draft) -> int:
+    old, new = before.tokens(layout), after.tokens(layout)
+    changed = 0
+    for modality in old:
+        length = min(len(old[modality]), len(new[modality]))
+        changed += int((old[modality][:length] != new[modality][:length]).sum())
+        changed += abs(len(old[modality]) - len(new[modality]))
+    return changed
+
+
+@dataclass
+class _Loop:
+    """What the loop carries from round to round."""
+
+    draft: Draft
+    scores: dict
+    score: float
+    passes: int
+    judge_passes: int  # what one evaluation costs
+    confidence: dict  # per modality, the probability each token had when last sampled
+
+
+def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confidence",
+           config: RefineConfig | None = None, cfg=None, text_codec=None,
+           regions: Sequence[Mapping] | None = None, confidence: Mapping | None = None,
+           on_round: Callable[[int, Draft], None] | None = None) -> tuple[Draft, dict, dict]:
+    """Refine ``draft``; returns the final draft, per-token confidences of its tokens, and the trace.
+
+    ``sampler``: the settings regenerations use (their steps are set per round, see :class:`RefineConfig`);
+    ``cfg``: the guidance the confidence score reads logits with (the sampler's, as a rule); ``regions``: a
+    caller's plan, executed in the first round instead of the critic's; ``confidence``: the draft's
+    per-token confidences (carried into the result for tokens no round changes); ``on_round(r, draft)``: called
+    after each round r (1-based) that ran, with the draft as it stands then (a benchmark judges it).
+    """
+    config = config or RefineConfig()
+    evaluator = "confidence" if isinstance(critic, str) and critic == "random" else critic
+    judge = make_critic(evaluator, model, layout, cfg, config.groups)
+    plan = judge if evaluator is critic else make_critic(critic, model, layout, cfg, config.groups, config.seed)
+    scores, passes = judge(draft)
+    state = _Loop(draft, scores, sample_score(scores), passes, passes,
+                  {m: torch.as_tensor(v, dtype=torch.float32) for m, v in (confidence or {}).items()})
+    trace = {"critic": critic_name(critic), "evaluator": critic_name(evaluator),
+             "config": {k: getattr(config, k) for k in config.__dataclass_fields__},
+             "score_initial": round(state.score, 6), "scoring_passes_initial": passes, "rounds": []}
+    stopped = "rounds"
+    for round_ in range(config.rounds):
+        stopped = _round(model, layout, state, plan, judge, sampler, config, round_, trace, text_codec,
+                         regions if round_ == 0 else None)
+        if on_round is not None and len(trace["rounds"]) > round_:
+            on_round(round_ + 1, state.draft)
+        if stopped:
+            break
+    trace.update(score_final=round(state.score, 6), forward_passes=state.passes, stopped=stopped or "rounds",
+                 rounds_kept=sum(r["kept"] for r in trace["rounds"]))
+    return state.draft, state.confidence, trace
+
+
+def _round(model, layout, state: _Loop, plan, judge, sampler: SamplerConfig, config: RefineConfig, round_: int,
+           trace: dict, text_codec, given_regions) -> str | None:
+    """One plan-execute-evaluate round; returns why the loop stops, or None to go on."""
+    plan_passes = 0
+    if given_regions is not None:
+        regions = [{**r, "indices": region_indices(layout, r, state.draft, text_codec).tolist()}
+                   for r in given_regions]  # the trace says exactly what a caller's region covered
+    else:
+        scores, plan_passes = (state.scores, 0) if plan is judge else plan(state.draft, round_)
+        regions = plan_regions(layout, state.draft, scores, config, text_codec)
+    if not regions:
+        state.passes += plan_passes
+        return "nothing flagged"
+    selection = selection_of(layout, regions, state.draft, text_codec)
+    n_masked = int(sum(int(s.sum()) for s in selection.values()))
+    n_tokens = int(sum(len(s) for s in selection.values()))
+    steps = regen_steps(config, sampler, n_masked, n_tokens)
+    if config.budget is not None and state.passes + plan_passes + steps + state.judge_passes > config.budget:
+        return "budget"
+    candidate, result = regenerate(model, layout, state.draft, selection,
+                                   replace(sampler, steps=steps, seed=config.seed + round_), config.seed + round_)
+    scores, passes = judge(candidate)
+    spent = plan_passes + result.forward_passes + passes
+    state.passes += spent
+    intact = outside_unchanged(layout, state.draft, candidate, selection)
+    after = sample_score(scores)
+    kept = intact and after > state.score
+    trace["rounds"].append({
+        "round": round_ + 1, "regions": [_public(r) for r in regions], "tokens_remasked": n_masked,
+        "tokens_changed": tokens_changed(layout, state.draft, candidate), "score_before": round(state.score, 6),
+        "score_after": round(after, 6), "kept": kept, "outside_unchanged": intact, "regen_steps": result.steps,
+        "forward_passes": spent})
+    if not kept:
+        return "no improvement" if intact else "region cut the content after it"
+    state.confidence = _merged_confidence(layout, state, candidate, result)
+    state.draft, state.scores, state.score = candidate, scores, after
+    return None
+
+
+def _public(region: Mapping) -> dict:
+    """A region as JSON (token indices kept: they say exactly what was re-masked)."""
+    return {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in region.items()}
+
+
+def _merged_confidence(layout, state: _Loop, candidate: Draft, result) -> dict:
+    """Regenerated tokens take the probability they were sampled with; the others keep theirs."""
+    merged = {}
+    for modality, ids in candidate.tokens(layout).items():
+        new = result.confidence.get(modality, torch.full((len(ids),), math.nan)).float()
+        old = state.confidence.get(modality, torch.full((len(ids),), math.nan))
+        old = torch.cat([old[:len(ids)], torch.full((max(0, len(ids) - len(old)),), math.nan)])
+        merged[modality] = torch.where(torch.isnan(new), old, new)
+    return merged
+
+
+__all__ = ["RefineConfig", "plan_regions", "refine", "regenerate"]

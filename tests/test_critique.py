@@ -1,0 +1,360 @@
+"""Self-critique and refine on a tiny untrained model: region <-> token mapping in every modality, critics
+(the batched confidence score equals scoring one group at a time; the critic head's logit is read as "wrong"),
+refine touching nothing outside its regions, a perfect critic leaving a right sample alone and finding the
+wrong tokens of a corrupted one, a JSON trace that counts forward passes and respects the budget, and the
+critique / refine / edit / bench refine commands."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from inference.critique import (Draft, TargetForward, audio_region, confidence_scores, flagged, image_region,
+                                learned_scores, make_draft, random_scores, region_indices, regions_from_flags,
+                                remasked, sample_score, score_groups, text_offsets)
+from inference.refine import RefineConfig
+from tokenizers_mm.layout import MASK, Layout
+from unimodal.errors import InputError
+
+from conftest import random_tiny_dit, write_tiny_model  # noqa: E402
+
+FAST = dict(steps=4)
+PROMPT = "a small red circle on the left"
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_model_dir):
+    from unimodal import UniModal
+
+    return UniModal.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def image_result(pipe):
+    return pipe.generate(text=PROMPT, to="image", seed=0, **FAST)
+
+
+def speech(seconds=0.8, rate=16_000):
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+
+# ---- regions <-> tokens, every modality -------------------------------------------------------------------------
+
+
+LAYOUT = Layout(text_vocab_size=300, image_codebook_size=32, audio_codebook_size=32, audio_frame_rate=12.5,
+                max_text_len=16, max_audio_len=40)
+
+
+def test_image_boxes_round_trip_to_the_cells_they_came_from():
+    cells = [9, 10, 17, 18, 25, 26]  # rows 1-3, cols 1-2 of the 8x8 grid
+    region = image_region(LAYOUT, cells)
+    assert region["box"] == [8, 8, 24, 32]  # pixels (x0, y0, x1, y1), 8-pixel codes
+    assert LAYOUT.image_box_to_positions(region["box"]).tolist() == cells
+    draft = make_draft(LAYOUT, [], {"image": torch.arange(64) % 32})
+    flags = torch.zeros(64, dtype=torch.bool)
+    flags[[0, 1, 9, 63]] = True  # one L-shaped component (its box adds cell 8) and one lone corner cell
+    regions = regions_from_flags(LAYOUT, {"image": flags}, {"image": torch.linspace(0, 1, 64)}, draft)
+    assert [r["box"] for r in regions] == [[0, 0, 16, 16], [56, 56, 64, 64]]
+    assert [r["indices"] for r in regions] == [[0, 1, 8, 9], [63]]
+
+
+@pytest.mark.parametrize("rate", [12.5, 15.625, 31.25, 50.0])
+def test_audio_spans_round_trip_at_every_frame_rate(rate):
+    layout = Layout(text_vocab_size=300, image_codebook_size=32, audio_codebook_size=32, audio_frame_rate=rate,
+                    max_text_len=16, max_audio_len=120)
+    for start in range(0, 100, 7):
+        codes = list(range(start, start + 3))
+        region = audio_region(layout, codes)
+        assert layout.audio_span_to_positions(*region["seconds"], n_codes=120).tolist() == codes
+
+
+def test_text_spans_map_to_the_tokens_as_generated(pipe):
+    codec, layout = pipe.text_codec, pipe.layout
+    words = codec.encode_one(" red circle").tolist()
+    split = codec.encode_one(" r").tolist() + codec.encode_one("ed").tolist()  # a spelling BPE would not pick
+    ids = codec.encode_one("a small").tolist() + split + words[len(codec.encode_one(" red").tolist()):]
+    text = codec.decode_one(ids)
+    assert text == "a small red circle"
+    offsets = text_offsets(codec, ids)
+    assert [text[a:b] for a, b in offsets] == [codec.decode_one([i]) for i in ids]
+    draft = make_draft(layout, [], {"text": torch.tensor(ids)})
+    start = text.index("red")
+    red = [i for i, (a, b) in enumerate(offsets) if a < start + 3 and b > start]
+    found = region_indices(layout, {"modality": "text", "chars": [start, start + 3]}, draft, codec)
+    assert found.tolist() == red and len(red) >= 2  # "r" and "ed": the tokens of the draft, not a re-encoding
+    flags = torch.zeros(len(ids), dtype=torch.bool)
+    flags[red] = True
+    region, = regions_from_flags(layout, {"text": flags}, {"text": torch.zeros(len(ids))}, draft, codec)
+    assert region["text"] == "red" and region["indices"] == red
+
+
+def test_bad_regions_say_what_a_region_is(pipe, image_result):
+    draft = make_draft(pipe.layout, [], {"image": torch.tensor(image_result.token_ids["image"])})
+    with pytest.raises(InputError, match="'modality': 'image', 'box'"):
+        region_indices(pipe.layout, {"modality": "audio", "seconds": [0, 1]}, draft)
+    with pytest.raises(InputError, match="'box': 4 numbers"):
+        region_indices(pipe.layout, {"modality": "image", "box": [0, 0, 8]}, draft)
+
+
+# ---- critics ----------------------------------------------------------------------------------------------------
+
+
+def test_flagged_takes_the_lowest_fraction_below_the_threshold():
+    scores = torch.tensor([0.9, 0.1, 0.3, 0.2, 0.8, 0.05, 0.7, 0.95])
+    assert flagged(scores, 0.25, 0.5).nonzero().flatten().tolist() == [1, 5]
+    assert flagged(scores, 1.0, 0.25).nonzero().flatten().tolist() == [1, 3, 5]
+    assert not flagged(torch.ones(8), 0.5, 0.5).any()  # a confident critic flags nothing
+
+
+def test_score_groups_never_mask_an_image_token_with_a_4_neighbour():
+    group = score_groups(LAYOUT, "image", 64, 4).reshape(8, 8)
+    assert (group[:, 1:] != group[:, :-1]).all() and (group[1:] != group[:-1]).all()
+    assert score_groups(LAYOUT, "text", 6, 4).tolist() == [0, 1, 2, 3, 0, 1]
+
+
+def test_confidence_equals_scoring_each_group_by_itself_without_the_cache():
+    """The batched, cached, guided score is the probability of each token in a plain forward of its group."""
+    model = random_tiny_dit(LAYOUT.vocab_size)
+    draft = make_draft(LAYOUT, [("text", torch.tensor([5, 9, 2]))],
+                       {"image": torch.arange(64) % 32, "audio": torch.tensor([3, 4, 5, 6, 7])})
+    scores, passes = confidence_scores(model, LAYOUT, draft, groups=3, cfg=2.0)
+    assert passes == 3
+    cond = LAYOUT.pack([("text", torch.tensor([5, 9, 2]))])
+    target = draft.target
+    allowed = {s.modality: LAYOUT.allowed_ids(s.modality) for s in target.spans}
+    positions = draft.content_positions(LAYOUT)
+    for modality, where in positions.items():
+        group = score_groups(LAYOUT, modality, len(where), 3)
+        for k in range(3):
+            masked = torch.cat([where[group == k] for m, where in positions.items()
+                                for group in [score_groups(LAYOUT, m, len(where), 3)]])
+            ids = target.ids.clone()
+            ids[masked] = MASK
+            t = torch.tensor([len(masked) / sum(len(s.slots) for s in target.spans)])
+
+            def logits(with_condition):
+                c = cond if with_condition else None
+                full_ids = torch.cat([c.ids, ids]) if c else ids
+                seg = torch.cat([c.segment_ids, target.segment_ids]) if c else target.segment_ids
+                pos = torch.cat([c.positions, target.positions]) if c else target.positions
+                is_target = torch.cat([torch.zeros(len(c.ids), dtype=torch.bool) if c else torch.zeros(0, dtype=torch.bool),
+                                       torch.ones(len(ids), dtype=torch.bool)])
+                with torch.no_grad():
+                    out = model(full_ids[None], t, seg[None], pos[None], is_target[None])
+                return out.logits[0, -len(ids):]
+
+            cond_logits, uncond_logits = logits(True), logits(False)
+            guided = (cond_logits + (cond_logits - uncond_logits)).masked_fill(~allowed[modality], -math.inf)
+            expected = guided.softmax(-1).gather(-1, target.ids[:, None]).squeeze(-1)
+            mine = where[group == k]
+            torch.testing.assert_close(scores[modality][group == k], expected[mine], rtol=1e-4, atol=1e-5)
+
+
+def test_learned_critic_reads_the_head_as_the_logit_of_wrong():
+    model = random_tiny_dit(LAYOUT.vocab_size)
+    with torch.no_grad():
+        model.critic_head[-1].weight.zero_()
+        model.critic_head[-1].bias.fill_(2.0)  # "wrong" everywhere, with probability sigmoid(2)
+    draft = make_draft(LAYOUT, [], {"image": torch.arange(64) % 32})
+    scores, passes = learned_scores(model, LAYOUT, draft)
+    assert passes == 1
+    torch.testing.assert_close(scores["image"], torch.full((64,), 1 / (1 + math.e ** 2)))
+
+
+def test_random_critic_is_seeded_and_free():
+    draft = make_draft(LAYOUT, [], {"image": torch.arange(64) % 32})
+    a, passes = random_scores(LAYOUT, draft, seed=3)
+    assert passes == 0 and torch.equal(a["image"], random_scores(LAYOUT, draft, seed=3)[0]["image"])
+    assert sample_score({"image": torch.ones(4)}) == 0.0
+
+
+# ---- refine -----------------------------------------------------------------------------------------------------
+
+
+def _changed(before, after):
+    return {m: [i for i, (a, b) in enumerate(zip(before[m], after[m])) if a != b] for m in before}
+
+
+@pytest.mark.parametrize("critic", ["confidence", "random"])
+def test_refine_never_changes_tokens_outside_the_chosen_regions(pipe, image_result, critic):
+    fixed, trace = pipe.refine(image_result, text=PROMPT, rounds=3, critic=critic, fraction=0.3, threshold=1.0,
+                               **FAST)
+    chosen = {i for r in trace["rounds"] if r["kept"] for region in r["regions"] for i in region["indices"]}
+    assert trace["rounds"], "the untrained model's scores are low: something is flagged"
+    assert set(_changed(image_result.token_ids, fixed.token_ids)["image"]) <= chosen
+    assert len(chosen) < 64
+    assert fixed.image.size == (64, 64)
+
+
+def test_refine_of_text_and_audio_keeps_everything_outside_its_regions(pipe):
+    caption = pipe.generate(image=np.full((64, 64, 3), 90, np.uint8), to="text", seed=1, max_text_tokens=10, **FAST)
+    fixed, trace = pipe.refine(caption, image=np.full((64, 64, 3), 90, np.uint8), rounds=2, critic="random",
+                               fraction=0.5, threshold=1.0, **FAST)
+    old, new = caption.token_ids["text"], fixed.token_ids["text"]
+    chosen = {i for r in trace["rounds"] if r["kept"] for region in r["regions"] for i in region["indices"]}
+    kept = [i for i in range(len(old)) if i not in chosen]
+    assert all(i < len(new) and new[i] == old[i] for i in kept)
+    clip = pipe.generate(text=PROMPT, to="audio", seed=2, max_audio_seconds=0.8, **FAST)
+    fixed, trace = pipe.refine(clip, text=PROMPT, rounds=2, critic="confidence", fraction=0.3, threshold=1.0, **FAST)
+    chosen = {i for r in trace["rounds"] if r["kept"] for region in r["regions"] for i in region["indices"]}
+    old, new = clip.token_ids["audio"], fixed.token_ids["audio"]
+    assert all(i < len(new) and new[i] == old[i] for i in range(len(old)) if i not in chosen)
+    assert all("seconds" in region for r in trace["rounds"] for region in r["regions"])
+
+
+def test_a_perfect_critic_leaves_a_right_sample_alone_and_finds_a_corrupted_ones_errors(pipe, image_result):
+    truth = torch.tensor(image_result.token_ids["image"])
+
+    def perfect(tokens):
+        return {"image": (tokens["image"] == truth).float()}
+
+    same, trace = pipe.refine(image_result, text=PROMPT, critic=perfect, **FAST)
+    assert same.token_ids == image_result.token_ids
+    assert trace["rounds"] == [] and trace["stopped"] == "nothing flagged"
+    corrupt = truth.clone()
+    corrupt[[0, 1, 8, 9, 45]] = (corrupt[[0, 1, 8, 9, 45]] + 1) % 32
+    report = pipe.critique(_result(pipe, corrupt), text=PROMPT, critic=perfect)
+    assert [r["indices"] for r in report.regions] == [[0, 1, 8, 9], [45]]
+    assert [r["box"] for r in report.regions] == [[0, 0, 16, 16], [40, 40, 48, 48]]
+    repaired, trace = pipe.refine(_result(pipe, corrupt), text=PROMPT, critic=perfect, rounds=1, **FAST)
+    assert set(_changed({"image": corrupt.tolist()}, repaired.token_ids)["image"]) <= {0, 1, 8, 9, 45}
+
+
+def _result(pipe, image_ids):
+    from unimodal.refine import as_result
+
+    picture = pipe.image_codec.decode(image_ids[None])[0]
+    result = as_result(pipe, picture, "image")
+    result.token_ids = {"image": image_ids.tolist()}  # exactly these codes, not a re-encoding of the picture
+    return result
+
+
+def test_the_trace_is_json_and_counts_forward_passes(pipe, image_result):
+    _, trace = pipe.refine(image_result, text=PROMPT, rounds=2, critic="confidence", groups=4, threshold=1.0, **FAST)
+    assert json.loads(json.dumps(trace)) == trace
+    assert trace["scoring_passes_initial"] == 4
+    for r in trace["rounds"]:
+        assert r["forward_passes"] == r["regen_steps"] + 4  # regeneration, then the evaluation's 4 groups
+        assert {"regions", "score_before", "score_after", "tokens_changed", "kept"} <= set(r)
+    assert trace["forward_passes"] == 4 + sum(r["forward_passes"] for r in trace["rounds"])
+
+
+def test_the_budget_is_never_passed(pipe, image_result):
+    _, trace = pipe.refine(image_result, text=PROMPT, rounds=5, budget=12, critic="confidence", threshold=1.0,
+                           regen_steps=3, **FAST)
+    assert trace["forward_passes"] <= 12 and trace["stopped"] in ("budget", "no improvement", "nothing flagged")
+    with pytest.raises(InputError, match="budget"):
+        RefineConfig(budget=0)
+
+
+def test_a_callers_plan_and_an_edit_touch_only_their_region(pipe, image_result):
+    region = {"modality": "image", "box": [0, 0, 16, 16]}
+    _, trace = pipe.refine(image_result, text=PROMPT, regions=[region], rounds=1, critic="confidence", **FAST)
+    assert trace["rounds"][0]["tokens_remasked"] == 4 and trace["rounds"][0]["regions"][0]["indices"] == [0, 1, 8, 9]
+    edited = pipe.edit(image_result, region, text="a blue square", **FAST)
+    assert set(_changed(image_result.token_ids, edited.token_ids)["image"]) <= {0, 1, 8, 9}
+    assert edited.settings["edit"]["tokens_remasked"] == {"image": 4}
+
+
+def test_critique_reports_scores_regions_and_pictures(pipe, image_result, tmp_path):
+    report = pipe.critique(image_result, text=PROMPT, threshold=1.0)
+    assert len(report.scores["image"]) == 64 and report.forward_passes == 4 and report.regions
+    assert report.save(tmp_path / "heat.png").is_file() and report.picture.size == (2 * 4 * 64, 4 * 64)
+    assert json.loads(report.save(tmp_path / "c.json").read_text())["regions"] == report.regions
+    clip = pipe.generate(text=PROMPT, to="audio", seed=0, max_audio_seconds=0.8, **FAST)
+    curve = pipe.critique(clip, text=PROMPT, threshold=1.0)
+    assert curve.picture is not None and curve.save(tmp_path / "curve.png").is_file()
+    with pytest.raises(InputError, match="pass the same input"):
+        pipe.critique(image_result)
+
+
+def test_cross_modal_check_names_the_region_to_redo(pipe, image_result, monkeypatch):
+    from unimodal import refine as face
+
+    class Read:
+        text, forward_passes = "a small blue circle on the left", 3
+
+    monkeypatch.setattr(pipe, "generate", lambda **kwargs: Read())
+    report = face.cross_modal_check(pipe, image_result, PROMPT)
+    assert report["agrees"] is False and report["differences"] == ["object 1 color: asked red, read blue"]
+    (region,) = report["regions"]
+    assert region["modality"] == "image" and region["box"][0] == 0 and region["box"][2] > 16  # around x = 16
+    Read.text = PROMPT
+    assert face.cross_modal_check(pipe, image_result, PROMPT)["agrees"] is True
+
+
+def test_cross_modal_check_on_speech_points_at_the_differing_word(pipe, monkeypatch):
+    from unimodal import refine as face
+    from unimodal.results import GenerationResult
+
+    class Read:
+        text, forward_passes = "a small blue circle on the left", 3
+
+    monkeypatch.setattr(pipe, "generate", lambda **kwargs: Read())
+    codes = int(3.0 * pipe.layout.audio_frame_rate)  # a 3-second clip
+    clip = GenerationResult(audio=np.zeros(48_000, np.float32), token_ids={"audio": [0] * codes})
+    report = face.cross_modal_check(pipe, clip, PROMPT)
+    (region,) = report["regions"]
+    middle = 3.0 * (PROMPT.index("red") + 1.5) / len(PROMPT)  # "red" at an even speaking rate
+    assert region["modality"] == "audio" and region["seconds"][0] < middle < region["seconds"][1]
+
+
+# ---- the commands -----------------------------------------------------------------------------------------------
+
+
+def run(capsys, *argv):
+    from unimodal.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_critique_refine_and_edit_commands(tiny_model_dir, image_result, tmp_path, capsys):
+    image_result.save(tmp_path / "gen.png")
+    model = ["--model", tiny_model_dir]
+    code, out, _ = run(capsys, "critique", *model, "--in", tmp_path / "gen.png", "--prompt", PROMPT,
+                       "--out", tmp_path / "heat.png", "--json", "--threshold", "1")
+    assert code == 0 and json.loads(out)["files"] == [str((tmp_path / "heat.png").resolve())]
+    code, out, _ = run(capsys, "refine", *model, "--in", tmp_path / "gen.png", "--prompt", PROMPT, "--rounds", "2",
+                       "--out", tmp_path / "fixed.png", "--trace", tmp_path / "trace.json")
+    assert code == 0 and (tmp_path / "fixed.png").is_file()
+    assert json.loads((tmp_path / "trace.json").read_text())["critic"] == "confidence"
+    code, out, _ = run(capsys, "edit", *model, "--in", tmp_path / "gen.png", "--box", "0,0,16,16", "--prompt",
+                       "a blue square", "--out", tmp_path / "edited.png")
+    assert code == 0 and (tmp_path / "edited.png").is_file()
+    code, _, err = run(capsys, "refine", *model, "--in", tmp_path / "gen.png", "--critic", "psychic")
+    assert code == 2 and "--critic must be one of" in err
+
+
+def test_bench_refine_command(tiny_codec_dir, tmp_path, capsys):
+    pytest.importorskip("cv2")
+    model = write_tiny_model(tiny_codec_dir, tmp_path / "model", max_text_len=32)  # scene captions fit
+    code, out, err = run(capsys, "bench", "refine", "--model", model, "--n", "2", "--rounds", "1",
+                         "--best-of", "2", "--out", tmp_path / "bench")
+    assert code == 0, err
+    report = json.loads((tmp_path / "bench" / "bench_refine.json").read_text())
+    assert code == 0 and "best-of-2" in out and set(report["refine"]) == {"confidence", "random"}
+    assert report["best_of"][1]["forward_passes"] > report["best_of"][0]["forward_passes"]
+
+
+def test_bench_refine_repair_mode_and_auroc(tiny_codec_dir, tmp_path, capsys):
+    from inference.bench_refine import auroc
+
+    assert auroc(np.array([0.1, 0.2, 0.9, 0.8]), np.array([True, True, False, False])) == 1.0
+    assert auroc(np.array([0.5, 0.5]), np.array([True, False])) == 0.5
+    pytest.importorskip("cv2")
+    model = write_tiny_model(tiny_codec_dir, tmp_path / "model", max_text_len=32)
+    code, out, err = run(capsys, "bench", "refine", "--model", model, "--n", "2", "--rounds", "1", "--corrupt",
+                         "0.25", "--critics", "random", "--out", tmp_path / "repair")
+    assert code == 0, err
+    report = json.loads((tmp_path / "repair" / "bench_refine.json").read_text())
+    assert report["corrupted_fraction"] == 0.25 and 0 <= report["critics"]["random"]["codes_broken"] <= 1
+    code, out, err = run(capsys, "bench", "refine", "--model", model, "--n", "2", "--rounds", "1", "--corrupt",
+                         "0.25", "--modality", "text", "--critics", "confidence", "--out", tmp_path / "text")
+    assert code == 0, err
+    report = json.loads((tmp_path / "text" / "bench_refine.json").read_text())
+    assert report["modality"] == "text" and 0 <= report["critics"]["confidence"]["auroc"] <= 1

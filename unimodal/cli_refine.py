@@ -1,0 +1,211 @@
+"""``unimodal critique``, ``unimodal refine``, ``unimodal edit`` and ``unimodal bench refine``.
+
+    unimodal critique --in gen.png --prompt "a small red circle on the left" --out heat.png --json
+    unimodal refine --in gen.png --prompt "a small red circle on the left" --rounds 3 --out fixed.png --trace trace.json
+    unimodal edit --in gen.png --box 0,16,32,48 --prompt "a small blue circle on the left" --out edited.png
+    unimodal bench refine --n 64 --out bench-refine/
+    unimodal bench refine --n 64 --corrupt 0.25 --out bench-repair/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from unimodal.errors import InputError
+
+OUT_SUFFIXES = {"image": ".png", "audio": ".wav", "text": ".txt"}
+
+
+def _content(path: str):
+    """The file to critique: a picture or clip as its path, a caption (.txt) as its text."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise InputError(f"--in: no such file {path!r}")
+    return file.read_text(encoding="utf-8").strip() if file.suffix.lower() == ".txt" else str(file)
+
+
+def _numbers(count: int, flag: str):
+    def parse(value: str) -> list[float]:
+        try:
+            numbers = [float(v) for v in value.split(",")]
+        except ValueError:
+            numbers = []
+        if len(numbers) != count:
+            raise argparse.ArgumentTypeError(f"{flag} takes {count} comma-separated numbers, got {value!r}")
+        return numbers
+    return parse
+
+
+def _critic(value: str):
+    from inference.critique import CRITICS
+
+    if value not in CRITICS:
+        raise InputError(f"--critic must be one of {', '.join(CRITICS)}, got {value!r}")
+    return value
+
+
+def _cmd_critique(args) -> int:
+    from unimodal.serve import load_pipeline
+
+    pipe = load_pipeline(args.model, args.device)
+    report = pipe.critique(_content(args.input), text=args.prompt, critic=_critic(args.critic),
+                           fraction=args.fraction, threshold=args.threshold, check=args.check, seed=args.seed)
+    files = [str(report.save(args.out).resolve())] if args.out else []
+    if args.json:
+        print(json.dumps({**report.to_dict(), "files": files}, indent=2))
+        return 0
+    print(f"score {report.score:.4f} ({report.critic}, {report.forward_passes} forward passes), "
+          f"{len(report.regions)} region(s)")
+    for region in report.regions:
+        where = region.get("box") or region.get("seconds") or region.get("chars")
+        print(f"  {region['modality']} {where}: score {region['score']:.3f}")
+    if report.check:
+        print(f"check: read back {report.check.get('read_back')!r}, agrees: {report.check.get('agrees')}")
+    for path in files:
+        print(path)
+    return 0
+
+
+def _cmd_refine(args) -> int:
+    from unimodal.serve import load_pipeline
+
+    pipe = load_pipeline(args.model, args.device)
+    content = _content(args.input)
+    fixed, trace = pipe.refine(content, text=args.prompt, rounds=args.rounds, budget=args.budget,
+                               critic=_critic(args.critic), fraction=args.fraction, threshold=args.threshold,
+                               check=args.check, seed=args.seed)
+    if args.out:
+        fixed.save(args.out)
+    if args.trace:
+        Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.trace).write_text(json.dumps(trace, indent=2) + "\n")
+    print(f"{trace['rounds_kept']} of {len(trace['rounds'])} round(s) kept, score {trace['score_initial']:.4f} -> "
+          f"{trace['score_final']:.4f}, {trace['forward_passes']} forward passes, stopped: {trace['stopped']}")
+    for path in (args.out, args.trace):
+        if path:
+            print(Path(path).resolve())
+    return 0
+
+
+def _cmd_edit(args) -> int:
+    from unimodal.serve import load_pipeline
+
+    regions = [{"modality": "image", "box": args.box}] if args.box else []
+    regions += [{"modality": "audio", "seconds": args.seconds}] if args.seconds else []
+    regions += [{"modality": "text", "chars": [int(v) for v in args.chars]}] if args.chars else []
+    if len(regions) != 1:
+        raise InputError("give exactly one region: --box X0,Y0,X1,Y1 (pixels), --seconds START,END or "
+                         "--chars START,END")
+    pipe = load_pipeline(args.model, args.device)
+    edited = pipe.edit(_content(args.input), regions[0], text=args.prompt, seed=args.seed)
+    edited.save(args.out)
+    print(Path(args.out).resolve())
+    return 0
+
+
+def _cmd_bench_refine(args) -> int:
+    from inference.bench_refine import bench_refine, bench_repair, format_repair, format_table
+    from inference.evaluate import model_hash
+    from unimodal.eval_cases import load_cases
+    from unimodal.serve import load_pipeline, resolve_model_dir
+
+    critics = [_critic(c.strip()) for c in args.critics.split(",") if c.strip()]
+    model_dir = resolve_model_dir(args.model)
+    pipe = load_pipeline(model_dir, args.device)
+    cases, _ = load_cases("scenes", args.split, args.n, speech=args.corrupt is not None and args.modality == "audio")
+    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if args.corrupt is not None:
+        if not 0 < args.corrupt < 1:
+            raise InputError(f"--corrupt is the share of codes to corrupt, in (0, 1); got {args.corrupt}")
+        report = bench_repair(pipe, cases, critics, args.corrupt, args.rounds, args.seed, progress=progress,
+                              options=_refine_options(args), modality=args.modality)
+        table = format_repair(report)
+    else:
+        report = bench_refine(pipe, cases, critics, args.rounds, args.best_of, args.seed, batch_size=args.batch_size,
+                              progress=progress, options=_refine_options(args))
+        table = format_table(report)
+    report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split)
+    print(table)
+    print(f"model {model_dir} (hash {report['model_hash']}), scenes {args.split} split")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_refine.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(out / "bench_refine.json")
+    return 0
+
+
+def _refine_options(args) -> dict:
+    """Keywords of ``refine`` the bench passes on (only those given)."""
+    options = {"temperature": args.temperature, "fraction": args.fraction, "threshold": args.threshold}
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def _add_common(parser, out_help: str) -> None:
+    from unimodal.cli import _add_model_arguments
+
+    _add_model_arguments(parser)
+    parser.add_argument("--in", dest="input", required=True, help="the output to work on: a .png picture, a "
+                                                                   ".wav clip or a .txt caption")
+    parser.add_argument("--prompt", default=None, help="the text it was generated from (its condition)")
+    parser.add_argument("--out", default=None, help=out_help)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _add_plan_flags(parser) -> None:
+    parser.add_argument("--critic", default="confidence", help="confidence (default), random or learned")
+    parser.add_argument("--fraction", type=float, default=0.25, help="most tokens flagged, as a share (0.25)")
+    parser.add_argument("--threshold", type=float, default=0.5, help="flag only tokens scored below this (0.5)")
+    parser.add_argument("--check", action="store_true", help="also read the output back with the model "
+                                                             "(caption / transcribe) and compare with --prompt")
+
+
+def add_refine_commands(sub) -> None:
+    critique = sub.add_parser("critique", help="score each token of an output, find flawed regions (heat map)")
+    _add_common(critique, "heat map over the picture / score curve under the audio (.png), or .json")
+    _add_plan_flags(critique)
+    critique.add_argument("--json", action="store_true", help="print scores and regions as JSON")
+    critique.set_defaults(func=_cmd_critique)
+    refine = sub.add_parser("refine", help="re-mask flawed regions and regenerate them, round by round")
+    _add_common(refine, "the refined output (.png, .wav or .txt)")
+    _add_plan_flags(refine)
+    refine.add_argument("--rounds", type=int, default=3)
+    refine.add_argument("--budget", type=int, default=None, help="most forward passes in all")
+    refine.add_argument("--trace", default=None, help="write the JSON trace of every round here")
+    refine.set_defaults(func=_cmd_refine)
+    edit = sub.add_parser("edit", help="regenerate one region of an output from a new description")
+    _add_common(edit, "the edited output (.png, .wav or .txt)")
+    edit.add_argument("--box", type=_numbers(4, "--box"), default=None, help="pixels X0,Y0,X1,Y1")
+    edit.add_argument("--seconds", type=_numbers(2, "--seconds"), default=None, help="audio START,END")
+    edit.add_argument("--chars", type=_numbers(2, "--chars"), default=None, help="text START,END")
+    edit.set_defaults(func=_cmd_edit)
+
+
+def add_bench_refine_command(bench) -> None:
+    from unimodal.cli import _add_model_arguments
+
+    sub = bench.add_parser("refine", help="text->image judged accuracy: no refine vs refine (per critic, per "
+                                          "round) vs best-of-N, with forward passes (needs unimodal[eval])")
+    _add_model_arguments(sub)
+    sub.add_argument("--n", type=int, default=64, help="scene cases of the split")
+    sub.add_argument("--split", default="test")
+    sub.add_argument("--rounds", type=int, default=3)
+    sub.add_argument("--best-of", type=int, default=4)
+    sub.add_argument("--critics", default="confidence,random")
+    sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--batch-size", type=int, default=16)
+    sub.add_argument("--temperature", type=float, default=None, help="sampling temperature of the regenerations "
+                     "(default: the model's for images)")
+    sub.add_argument("--fraction", type=float, default=None, help="most tokens a round flags, as a share (0.25)")
+    sub.add_argument("--threshold", type=float, default=None, help="flag only tokens scored below this (0.5)")
+    sub.add_argument("--corrupt", type=float, default=None, help="instead: corrupt this share of the codes of the "
+                     "real test pictures and measure how much refine restores (and each critic's AUROC)")
+    sub.add_argument("--modality", default="image", choices=["image", "text", "audio"],
+                     help="--corrupt: whose tokens to corrupt (image codes, caption tokens, speech codes)")
+    sub.add_argument("--out", default="bench-refine", help="folder for bench_refine.json")
+    sub.set_defaults(func=_cmd_bench_refine)
+
+
+__all__ = ["add_bench_refine_command", "add_refine_commands"]

@@ -1,0 +1,349 @@
+"""``UniModal.critique`` / ``refine`` / ``edit``: the pipeline's side of the self-critique loop.
+
+The math is in :mod:`inference.critique` (scores, regions) and :mod:`inference.refine` (plan / execute /
+evaluate); this module turns a :class:`GenerationResult` (or a picture, clip or caption on disk) and the
+inputs it was made from into a :class:`~inference.critique.Draft`, and the refined draft back into a result,
+with pictures a person can read (a heat map over the image, a score curve under the audio).
+
+    result = pipe.generate(text="a small red circle on the left", to="image", seed=0)
+    report = pipe.critique(result, text="a small red circle on the left")       # scores, regions, heat map
+    fixed, trace = pipe.refine(result, text="a small red circle on the left", rounds=3, critic="confidence")
+    edited = pipe.edit("red.png", region={"modality": "image", "box": [0, 16, 32, 48]},
+                       text="a small blue circle on the left")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+from inference.critique import Draft, flagged, make_critic, make_draft, regions_from_flags, sample_score
+from inference.refine import RefineConfig, regenerate
+from inference.refine import refine as refine_draft
+from tokenizers_mm.layout import MODALITIES
+from unimodal.errors import InputError
+from unimodal.grammar import POSITIONS, SIZES, parse_scene_caption, scenes_equal
+from unimodal.inputs import as_audio, as_image, as_text
+from unimodal.results import GenerationResult
+
+HEAT_SCALE = 4  # the heat map is drawn at 4x the picture's size, so 8-pixel codes are easy to see
+
+
+@dataclass
+class Critique:
+    """What :meth:`UniModal.critique` found. ``scores``: per generated modality, one score in [0, 1] per
+    token (1: looks right); ``regions``: the flagged areas in native units, each with its token ``indices``
+    and mean ``score``; ``score``: the draft's mean log-score; ``check``: the cross-modal check (None if
+    not run); ``picture``: the heat map over the image, or the score curve under the audio (None for text)."""
+
+    critic: str
+    scores: dict[str, list[float]]
+    regions: list[dict]
+    score: float
+    forward_passes: int
+    check: dict | None = None
+    picture: Image.Image | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict:
+        return {"critic": self.critic, "score": round(self.score, 6), "forward_passes": self.forward_passes,
+                "scores": {m: [round(s, 4) for s in v] for m, v in self.scores.items()},
+                "regions": self.regions, "check": self.check}
+
+    def save(self, path) -> Path:
+        """``.png``: the heat map / score curve; ``.json``: :meth:`to_dict`."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix.lower() == ".json":
+            path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        elif path.suffix.lower() == ".png":
+            if self.picture is None:
+                raise InputError("a text critique has no picture; save it as .json")
+            self.picture.save(path)
+        else:
+            raise InputError(f"save a critique as .png (the heat map) or .json, got {str(path)!r}")
+        return path
+
+
+# ---- results <-> drafts -------------------------------------------------------------------------------------
+
+
+def as_result(pipe, content, modality: str | None = None) -> GenerationResult:
+    """A picture, clip or caption (object or file path) as a result whose tokens are its codec's codes, so
+    a file on disk can be critiqued and refined like a fresh generation."""
+    if isinstance(content, GenerationResult):
+        return content
+    modality = modality or _modality_of(content)
+    tokens = {}
+    if modality == "image":
+        tokens["image"] = pipe.image_codec.encode(as_image(content, pipe.image_codec.image_size)[None])[0].cpu()
+    elif modality == "audio":
+        wave = torch.tensor(as_audio(content), dtype=torch.float32)
+        tokens["audio"] = pipe._encode_audio(wave)[:pipe.layout.max_audio_len]
+    else:
+        tokens["text"] = pipe.text_codec.encode_one(as_text(content))[:pipe.layout.max_text_len]
+    return _decoded(pipe, {m: ids.tolist() for m, ids in tokens.items()}, {}, 0, {})
+
+
+def _modality_of(content) -> str:
+    if isinstance(content, Image.Image):
+        return "image"
+    if isinstance(content, (str, Path)) and Path(str(content)).suffix.lower() in (".png", ".jpg", ".jpeg", ".bmp"):
+        return "image"
+    if isinstance(content, (str, Path)) and Path(str(content)).suffix.lower() in (".wav", ".flac", ".ogg", ".mp3"):
+        return "audio"
+    if isinstance(content, (tuple, np.ndarray)):
+        return "image" if np.asarray(content if not isinstance(content, tuple) else content[0]).ndim == 3 else "audio"
+    return "text"
+
+
+def draft_of(pipe, result: GenerationResult, inputs: Mapping) -> Draft:
+    """The result's tokens as a draft, with the inputs (text / image / audio) encoded as its conditions."""
+    targets = [m for m in MODALITIES if m in result.token_ids]
+    if not targets:
+        raise InputError("this result holds no generated tokens to critique")
+    given = {m: v for m, v in inputs.items() if v is not None}
+    used = (result.settings or {}).get("inputs")
+    if used and not given:
+        raise InputError(f"this result was generated from {used}; pass the same input(s) (e.g. text=...) so "
+                         f"the critique reads it in context")
+    item = pipe._prepare({**given, "to": targets}, 0, False)
+    pipe._encode_inputs([item])
+    conditions = [(m, item.conditions[m]) for m in MODALITIES if m in item.conditions]
+    return make_draft(pipe.layout, conditions, {m: torch.tensor(result.token_ids[m]) for m in targets})
+
+
+def _decoded(pipe, token_ids: Mapping[str, list[int]], confidence: Mapping, passes: int,
+             settings: Mapping) -> GenerationResult:
+    image = audio = text = None
+    if "image" in token_ids:
+        image = Image.fromarray(pipe.image_codec.decode(torch.tensor([token_ids["image"]]))[0])
+    if "audio" in token_ids:
+        audio = pipe.audio_codec.decode([torch.tensor(token_ids["audio"], dtype=torch.long)])[0]
+    if "text" in token_ids:
+        text = pipe.text_codec.decode_one(token_ids["text"])
+    return GenerationResult(text=text, image=image, audio=audio, sample_rate=pipe.audio_codec.sample_rate,
+                            token_ids={m: list(v) for m, v in token_ids.items()},
+                            confidence={m: [float(c) for c in v] for m, v in confidence.items()},
+                            forward_passes=passes, steps=passes, settings=dict(settings))
+
+
+def _scoring_cfg(pipe, draft: Draft, cfg):
+    """The guidance the confidence score reads logits with: the caller's, else the sampler's default for
+    these targets (the distribution the tokens were drawn from)."""
+    if cfg is not None:
+        return cfg
+    kind = pipe.scheduler.target_kind([s.modality for s in draft.target.spans])
+    return pipe._sampler_config({}, kind).cfg
+
+
+# ---- critique -----------------------------------------------------------------------------------------------
+
+
+def critique(pipe, result, text=None, image=None, audio=None, critic="confidence", fraction: float = 0.25,
+             threshold: float = 0.5, groups: int = 4, cfg=None, check: bool = False, seed: int = 0) -> Critique:
+    """Per-token scores, flagged regions and a picture of them; ``check`` also reads the output back."""
+    result = as_result(pipe, result)
+    with pipe._lock:
+        draft = draft_of(pipe, result, {"text": text, "image": image, "audio": audio})
+        config = RefineConfig(fraction=fraction, threshold=threshold, groups=groups, seed=seed)
+        score = make_critic(critic, pipe.backbone, pipe.layout, _scoring_cfg(pipe, draft, cfg), config.groups, seed)
+        scores, passes = score(draft)
+        flags = {m: flagged(s, fraction, threshold) for m, s in scores.items()}
+        regions = regions_from_flags(pipe.layout, flags, scores, draft, pipe.text_codec)
+    report = cross_modal_check(pipe, result, text, seed) if check else None
+    if report is not None:
+        passes += report["forward_passes"]
+    return Critique(critic if isinstance(critic, str) else "callable",
+                    {m: [float(v) for v in s] for m, s in scores.items()}, regions, sample_score(scores), passes,
+                    report, _picture(pipe, result, scores, regions))
+
+
+# ---- the cross-modal check ----------------------------------------------------------------------------------
+
+
+def cross_modal_check(pipe, result: GenerationResult, request: str | None, seed: int = 0) -> dict:
+    """Read the output back with the same model (caption the picture, transcribe the speech), parse both
+    that and the request with the caption grammar and compare. A disagreement names the attributes that
+    differ and, where the request says where the object is, the region to redo."""
+    modality = "image" if result.image is not None else "audio" if result.audio is not None else None
+    if modality is None or not request:
+        return {"ran": False, "why": "the check reads back a picture or speech made from a text request"}
+    with pipe._lock:
+        read = pipe.generate(**{modality: result.image if modality == "image" else (result.audio, result.sample_rate)},
+                             to="text", seed=seed)
+    asked, heard = parse_scene_caption(request), parse_scene_caption(read.text or "")
+    report = {"ran": True, "read_back": read.text, "forward_passes": read.forward_passes,
+              "agrees": scenes_equal(asked, heard) if asked is not None else None,
+              "differences": _differences(asked, heard), "regions": []}
+    if asked is not None and not report["agrees"]:
+        report["regions"] = _check_regions(pipe, result, modality, asked, request, report["differences"])
+    return report
+
+
+def _differences(asked: dict | None, heard: dict | None) -> list[str]:
+    if asked is None:
+        return []
+    if heard is None:
+        return ["read-back states no complete scene"]
+    if len(asked["objects"]) != len(heard["objects"]):
+        return [f"objects: asked {len(asked['objects'])}, read {len(heard['objects'])}"]
+    out = []
+    for index, (a, h) in enumerate(zip(asked["objects"], heard["objects"])):
+        out += [f"object {index + 1} {key}: asked {a[key]}, read {h.get(key)}" for key in a if a[key] != h.get(key)]
+    if asked.get("relation") != heard.get("relation"):
+        out.append(f"relation: asked {asked.get('relation')}, read {heard.get('relation')}")
+    return out
+
+
+def _check_regions(pipe, result, modality: str, asked: dict, request: str, differences: list[str]) -> list[dict]:
+    """Where to redo: in a picture, the box the request puts its single object in; in speech, the stretch
+    where the first differing word of the request falls (assuming an even speaking rate)."""
+    if modality == "image":
+        if len(asked["objects"]) != 1:
+            return []
+        obj, patch = asked["objects"][0], pipe.layout.image_patch
+        (cx, cy), half = POSITIONS[obj["position"]], SIZES["large"] / 2 + patch / 2
+        size = pipe.layout.image_grid[0] * patch
+        box = [max(0, cx - half), max(0, cy - half), min(size, cx + half), min(size, cy + half)]
+        return [{"modality": "image", "box": [float(v) for v in box]}]
+    words = [d.split(": asked ")[1].split(",")[0] for d in differences if ": asked " in d]
+    at = next((request.lower().find(w) for w in words if request.lower().find(w) >= 0), -1)
+    duration = len(result.token_ids["audio"]) / pipe.layout.audio_frame_rate
+    if at < 0 or duration <= 0:
+        return []
+    middle = duration * (at + 0.5 * len(words[0])) / max(len(request), 1)
+    return [{"modality": "audio", "seconds": [round(max(0.0, middle - 0.4), 3), round(min(duration, middle + 0.4), 3)]}]
+
+
+# ---- refine and edit ----------------------------------------------------------------------------------------
+
+
+def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, budget: int | None = None,
+           critic="confidence", fraction: float = 0.25, threshold: float = 0.5, groups: int = 4,
+           regen_steps: int | None = None, regions: Sequence[Mapping] | None = None, check: bool = False,
+           cfg=None, seed: int = 0, on_round=None, **settings) -> tuple[GenerationResult, dict]:
+    """Re-mask flagged regions and regenerate them, round by round; the refined result and the trace.
+
+    ``regions``: the caller's plan for the first round (native units); ``check``: plan the first round from
+    the cross-modal check when it disagrees; ``settings``: sampler settings of the regenerations (as
+    :meth:`UniModal.generate` takes them; their steps are set per round unless ``regen_steps``);
+    ``on_round(r, result)``: called after each round that ran with the result as it stands (for benchmarks).
+    """
+    result = as_result(pipe, result)
+    config = RefineConfig(rounds=rounds, budget=budget, fraction=fraction, threshold=threshold, groups=groups,
+                          regen_steps=regen_steps, seed=seed)
+    report = cross_modal_check(pipe, result, text, seed) if check else None
+    if report is not None and report.get("regions") and regions is None:
+        regions = report["regions"]
+    with pipe._lock:
+        draft = draft_of(pipe, result, {"text": text, "image": image, "audio": audio})
+        sampler = pipe._sampler_config(settings, pipe.scheduler.target_kind([s.modality for s in draft.target.spans]))
+        final, confidence, trace = refine_draft(pipe.backbone, pipe.layout, draft, sampler, critic, config,
+                                                _scoring_cfg(pipe, draft, cfg), pipe.text_codec, regions,
+                                                {m: torch.tensor(v) for m, v in result.confidence.items()},
+                                                _round_hook(pipe, on_round))
+    if report is not None:
+        trace["check"] = report
+        trace["forward_passes"] += report.get("forward_passes", 0)
+    tokens = {m: ids.tolist() for m, ids in final.tokens(pipe.layout).items()}
+    refined = _decoded(pipe, tokens, confidence, result.forward_passes + trace["forward_passes"],
+                       {**result.settings, "refine": {k: trace[k] for k in ("critic", "forward_passes", "stopped")}})
+    return refined, trace
+
+
+def _round_hook(pipe, on_round):
+    if on_round is None:
+        return None
+    return lambda r, draft: on_round(r, _decoded(pipe, {m: ids.tolist() for m, ids in draft.tokens(pipe.layout).items()},
+                                                 {}, 0, {}))
+
+
+def edit(pipe, content, region: Mapping | Sequence[Mapping], text=None, image=None, audio=None,
+         modality: str | None = None, seed: int = 0, **settings) -> GenerationResult:
+    """Described edit: re-mask ``region`` (or a list of regions) of ``content`` and regenerate it from the
+    new description (``text``, or another input) with the rest of the content as context."""
+    result = as_result(pipe, content, modality)
+    regions = [region] if isinstance(region, Mapping) else list(region)
+    with pipe._lock:
+        draft = draft_of(pipe, replace(result, settings={}), {"text": text, "image": image, "audio": audio})
+        from inference.critique import selection_of
+
+        selection = selection_of(pipe.layout, regions, draft, pipe.text_codec)
+        kind = pipe.scheduler.target_kind([s.modality for s in draft.target.spans])
+        sampler = pipe._sampler_config({**settings, "seed": seed}, kind)
+        edited, sampled = regenerate(pipe.backbone, pipe.layout, draft, selection, sampler, seed)
+    tokens = {m: ids.tolist() for m, ids in edited.tokens(pipe.layout).items()}
+    changed = {m: int(s.sum()) for m, s in selection.items()}
+    return _decoded(pipe, tokens, sampled.confidence, sampled.forward_passes,
+                    {"edit": {"regions": regions, "tokens_remasked": changed}, "seed": seed})
+
+
+# ---- pictures for a person ----------------------------------------------------------------------------------
+
+
+def _picture(pipe, result: GenerationResult, scores: Mapping, regions: Sequence[Mapping]) -> Image.Image | None:
+    if "image" in scores and result.image is not None:
+        return heat_map(result.image, scores["image"], pipe.layout.image_grid, regions)
+    if "audio" in scores and result.audio is not None:
+        return score_curve(result.audio, scores["audio"], pipe.layout.audio_frame_rate, result.sample_rate, regions)
+    return None
+
+
+def heat_map(picture: Image.Image, scores, grid: tuple[int, int], regions: Sequence[Mapping] = ()) -> Image.Image:
+    """The picture at 4x beside a copy with each code tinted red by its doubt and the regions outlined.
+
+    Doubt is ``1 - score`` stretched to this picture's own range: a weak model gives low probabilities to
+    most codes (many codes draw the same background), and an absolute scale would paint it all red."""
+    size = (picture.width * HEAT_SCALE, picture.height * HEAT_SCALE)
+    base = picture.convert("RGB").resize(size, Image.NEAREST)
+    doubt = 1.0 - np.asarray(scores, dtype=np.float32).reshape(grid)  # (rows, cols)
+    doubt = (doubt - doubt.min()) / max(float(doubt.max() - doubt.min()), 1e-6)
+    alpha = Image.fromarray((doubt * 190).astype(np.uint8)).resize(size, Image.NEAREST)
+    tinted = Image.composite(Image.new("RGB", size, (255, 0, 0)), base, alpha)
+    draw = ImageDraw.Draw(tinted)
+    for region in regions:
+        if region.get("modality") == "image":
+            x0, y0, x1, y1 = (v * HEAT_SCALE for v in region["box"])
+            draw.rectangle([x0, y0, x1 - 1, y1 - 1], outline=(255, 255, 0), width=2)
+    both = Image.new("RGB", (2 * size[0], size[1]))
+    both.paste(base, (0, 0))
+    both.paste(tinted, (size[0], 0))
+    return both
+
+
+def score_curve(wave, scores, frame_rate: float, sample_rate: int, regions: Sequence[Mapping] = (),
+                width: int = 640, height: int = 120) -> Image.Image:
+    """The waveform's envelope on top and, under it, each audio code's score (0 at the bottom, 1 at the
+    top) on the same time axis; flagged spans shaded."""
+    wave = np.asarray(wave, dtype=np.float32).reshape(-1)
+    seconds = max(len(wave) / sample_rate, len(scores) / frame_rate, 1e-3)
+    image = Image.new("RGB", (width, 2 * height), (255, 255, 255))
+    draw = ImageDraw.Draw(image)
+    x_of = lambda s: min(width - 1, int(s / seconds * width))  # noqa: E731 - one-line mapping
+    for region in regions:
+        if region.get("modality") == "audio":
+            draw.rectangle([x_of(region["seconds"][0]), 0, x_of(region["seconds"][1]), 2 * height - 1],
+                           fill=(255, 220, 220))
+    peak = float(np.abs(wave).max()) or 1.0
+    for x in range(width):
+        chunk = wave[int(x / width * len(wave)):int((x + 1) / width * len(wave)) + 1]
+        amp = float(np.abs(chunk).max()) / peak if len(chunk) else 0.0
+        draw.line([x, height / 2 * (1 - amp), x, height / 2 * (1 + amp)], fill=(60, 60, 160))
+    points = []
+    for k, score in enumerate(scores):
+        y = 2 * height - 4 - float(score) * (height - 8)
+        points += [(x_of(k / frame_rate), y), (x_of((k + 1) / frame_rate), y)]
+    if len(points) > 1:
+        draw.line(points, fill=(200, 0, 0), width=2)
+    draw.line([0, height, width, height], fill=(0, 0, 0))
+    return image
+
+
+__all__ = ["Critique", "as_result", "critique", "cross_modal_check", "edit", "heat_map", "refine", "score_curve"]
