@@ -56,7 +56,8 @@ FREQUENCY_EMBEDDING_SIZE = 256
 
 @dataclass
 class DiTOutput(BaseOutput):
-    """``logits`` (B, L, V) float32, ``critic`` (B, L) float32 plausibility logits, ``hidden`` (B, L, D)."""
+    """``logits`` (B, L, V) float32, ``critic`` (B, L) float32 logits that each token is wrong (the learned critic
+    of ``inference/critique.py``), ``hidden`` (B, L, D)."""
 
     logits: torch.Tensor | None = None  # defaults: accelerate rebuilds outputs from a dict
     critic: torch.Tensor | None = None
