@@ -116,7 +116,7 @@ def test_serve_stdio_answers_each_line_and_survives_bad_requests(model_dir, tmp_
     assert Image.open(tmp_path / "s.png").size == (64, 64)
     assert responses[2]["error"]["type"] == "InputError" and "video" in responses[2]["error"]["message"]
     assert responses[3]["error"]["type"] == "InputError"
-    assert "not supported yet" in responses[4]["error"]["message"]
+    assert "input is required" in responses[4]["error"]["message"]  # a refine request without its file
     assert responses[5]["result"]["modalities"] == ["text"] and responses[5]["result"]["settings"]["seed"] == 1
 
 

@@ -65,7 +65,25 @@ async def session(model_dir, tmp_path):
         seen["joint"] = await client.call_tool("generate", {"audio": str(tmp_path / "clip.wav"),
                                                             "to": ["text", "image"], "steps": 2,
                                                             "out": str(tmp_path / "joint")})
+        seen.update(await self_critique(client, tmp_path))
     return seen
+
+
+async def self_critique(client, tmp_path):
+    """critique, refine and edit on a picture, each also called wrongly once, in the same session."""
+    red, prompt = str(tmp_path / "red.png"), "a small red circle on the left"
+    return {
+        "critique": await client.call_tool("critique", {"input": red, "prompt": prompt, "threshold": 1.0}),
+        "bad critique": await client.call_tool("critique", {"input": str(tmp_path / "nope.png")}),
+        "refine": await client.call_tool("refine", {"input": red, "prompt": prompt, "rounds": 1,
+                                                    "regions": [{"box": [0, 0, 16, 16]}],
+                                                    "trace": str(tmp_path / "trace.json")}),
+        "bad refine": await client.call_tool("refine", {"input": red, "critic": "psychic"}),
+        "edit": await client.call_tool("edit", {"input": red, "box": [0, 0, 16, 16], "prompt": "a blue square",
+                                                "out": str(tmp_path / "edited.png")}),
+        "bad edit": await client.call_tool("edit", {"input": red, "seconds": [0, 1]}),
+        "after": await client.call_tool("generate", {"text": "a red circle", "to": "image", "steps": 1}),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +136,55 @@ def test_text_comes_back_as_text_and_audio_as_a_file(seen):
     speech = seen["speech"]
     assert not speech.is_error and [block.type for block in speech.content] == ["text"]  # the summary only
     assert sf.info(summary(speech)["files"]["audio"]).samplerate == 16000
+
+
+# ---- critique, refine, edit -------------------------------------------------------------------------------------
+
+
+def test_the_self_critique_tools_have_a_schema_for_every_argument(seen):
+    tools = {t.name: t for t in seen["tools"]}
+    expected = {"critique": {"input", "prompt", "critic", "fraction", "threshold", "check", "out", "seed"},
+                "refine": {"input", "prompt", "rounds", "budget", "critic", "fraction", "threshold", "check",
+                           "regions", "out", "trace", "seed"},
+                "edit": {"input", "prompt", "box", "seconds", "chars", "out", "seed"}}
+    for name, arguments in expected.items():
+        properties = tools[name].input_schema["properties"]
+        assert set(properties) == arguments, name
+        assert all(properties[a].get("description") for a in arguments), name
+        assert tools[name].input_schema["required"] == ["input"]
+    assert tools["critique"].input_schema["properties"]["critic"]["enum"] == ["confidence", "learned", "random"]
+
+
+def test_critique_returns_its_heat_map_and_the_report(seen):
+    critique = seen["critique"]
+    assert not critique.is_error, texts(critique)
+    (picture,) = [block for block in critique.content if block.type == "image"]
+    assert Image.open(io.BytesIO(base64.b64decode(picture.data))).size == (512, 256)
+    report = summary(critique)
+    assert len(report["scores"]["image"]) == 64 and report["regions"]
+    assert os.path.isfile(report["files"]["picture"])
+
+
+def test_refine_returns_the_result_then_its_trace(seen):
+    refine = seen["refine"]
+    assert not refine.is_error, texts(refine)
+    assert [block.type for block in refine.content] == ["image", "text", "text"]
+    result, trace = (json.loads(text) for text in texts(refine))
+    assert os.path.isfile(result["files"]["image"]) and result["settings"]["refine"]["critic"] == "confidence"
+    assert json.loads(open(result["files"]["trace"]).read()) == trace
+    assert trace["rounds"][0]["regions"][0]["box"] == [0, 0, 16, 16]
+
+
+def test_edit_returns_the_edited_picture(seen):
+    edit = seen["edit"]
+    assert not edit.is_error, texts(edit)
+    assert [block.type for block in edit.content] == ["image", "text"]
+    assert summary(edit)["settings"]["edit"]["tokens_remasked"] == {"image": 4}
+    assert os.path.isfile(summary(edit)["files"]["image"])
+
+
+def test_bad_self_critique_calls_are_tool_errors_and_the_server_goes_on(seen):
+    assert seen["bad critique"].is_error and "InputFileError: input: no such file" in texts(seen["bad critique"])[0]
+    assert seen["bad refine"].is_error and "psychic" in texts(seen["bad refine"])[0]
+    assert seen["bad edit"].is_error and "InputError: a seconds region is for audio" in texts(seen["bad edit"])[0]
+    assert not seen["after"].is_error

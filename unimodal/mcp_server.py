@@ -13,10 +13,17 @@ Every call is checked (:func:`unimodal.checks.check_request`) before the model i
 the first call that passes, so a wrong call is refused at once even then. A refused or failed call is a tool
 error (``isError``) whose text starts with the error type (``InputFileError: ...``), and the server goes on.
 
-Adding a tool (``critique``, ``refine`` and ``edit`` once ``UniModal`` has them): write ``critique_tool(runner)``
-returning a function whose annotated keyword arguments are the tool's schema, build its answer with
-:func:`result_content`, and add one line to :data:`TOOLS`. Run it inside :func:`_answering` so errors become
-tool errors.
+- ``critique``: per-token scores and flagged regions of a picture, clip or caption (``input``, a file) made from
+  ``prompt``; the heat map / score curve comes back as image content plus its file path, the report as JSON text.
+- ``refine``: re-mask flagged regions (the critic's or the caller's ``regions``) and regenerate, ``rounds`` times
+  within ``budget`` forward passes; the result as ``generate`` returns it, then the trace of every round as a last
+  JSON text block.
+- ``edit``: regenerate one region (``box`` pixels, ``seconds``, ``chars``) from ``prompt``; the result as
+  ``generate`` returns it.
+
+Adding a tool: write ``name_tool(runner)`` returning a function whose annotated keyword arguments are the tool's
+schema, build its answer with :func:`result_content` / :func:`image_content`, and add one line to :data:`TOOLS`.
+Run it inside :func:`_answering` so errors become tool errors.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from unimodal.checks import check_request
+from unimodal.checks_refine import check_refine_request
 from unimodal.errors import MissingDependencyError, UnimodalError
 
 Modality = Literal["text", "image", "audio"]
@@ -130,31 +138,47 @@ def _generate(runner: Runner, request: dict) -> list:
     request["out"] = request.get("out") or str(runner.fresh_out())
     checked = check_request(request)  # before the model loads or runs
     pipe = runner.pipe()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with collected_warnings() as warned:
         result = pipe.generate(**checked.inputs, to=checked.to, **checked.settings)
     files = save_outputs(result, checked.outputs)
-    return result_content(result, files, [str(w.message) for w in caught])
+    return result_content(result, files, warned)
+
+
+@contextlib.contextmanager
+def collected_warnings():
+    """The messages of the warnings raised inside (unknown words, capped steps): the caller hands them back."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        messages: list[str] = []
+        yield messages
+    messages += [str(w.message) for w in caught]
 
 
 def result_content(result, files: dict[str, str], warned: list[str]) -> list:
     """A result as MCP content: its text, its image (with the file path in the summary), then the summary."""
-    from mcp_types import ImageContent, TextContent
+    from mcp_types import TextContent
 
     content = []
     if result.text is not None:
         content.append(TextContent(type="text", text=result.text))
-    image = files.get("image")
-    if image and Path(image).suffix.lower() in IMAGE_MIME:
-        import base64
-
-        data = base64.b64encode(Path(image).read_bytes()).decode("ascii")
-        content.append(ImageContent(type="image", data=data, mime_type=IMAGE_MIME[Path(image).suffix.lower()]))
+    content += image_content(files.get("image"))
     summary = {"modalities": list(result.modalities), "text": result.text, "files": files,
                "forward_passes": result.forward_passes, "steps": result.steps, "settings": result.settings,
                "warnings": list(dict.fromkeys(warned))}
     content.append(TextContent(type="text", text=json.dumps(summary, indent=1)))
     return content
+
+
+def image_content(path: str | None) -> list:
+    """The picture at ``path`` as one image content block; none for no path or a file that is not a picture."""
+    from mcp_types import ImageContent
+
+    if not path or Path(path).suffix.lower() not in IMAGE_MIME:
+        return []
+    import base64
+
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return [ImageContent(type="image", data=data, mime_type=IMAGE_MIME[Path(path).suffix.lower()])]
 
 
 @contextlib.contextmanager
@@ -174,13 +198,148 @@ def _answering():
         raise ToolError(f"internal error {type(error).__name__}: {error}") from None
 
 
+# ---- critique, refine, edit -------------------------------------------------------------------------------------
+
+Input = Annotated[str, Field(description="the file to work on: a picture (.png/.jpg), a clip (.wav/.flac) or a "
+                                         "caption (.txt), e.g. one generate wrote")]
+Prompt = Annotated[str | None, Field(description="the text the content was made from (its condition); for edit, "
+                                                 "the new description of the region")]
+Seed = Annotated[int | None, Field(ge=0, lt=2**62, description="same seed, same output")]
+Critic = Annotated[Literal["confidence", "learned", "random"], Field(
+    description="who scores the tokens: confidence (the model's probability of each token when re-masked), "
+                "learned (the critic head), random (ReMDM-style baseline)")]
+Fraction = Annotated[float | None, Field(gt=0, le=1, description="most tokens flagged per critique, as a share "
+                                                                 "(default 0.25)")]
+Threshold = Annotated[float | None, Field(ge=0, le=1, description="flag only tokens scored below this "
+                                                                  "(default 0.5)")]
+Check = Annotated[bool, Field(description="also read the output back with the model (caption the picture, "
+                                          "transcribe the speech) and compare with the prompt")]
+Span = Annotated[list[float], Field(min_length=2, max_length=2)]
+Box = Annotated[list[float], Field(min_length=4, max_length=4)]
+
+
+def critique_tool(runner: Runner):
+    """The ``critique`` tool over ``runner``."""
+
+    def critique(
+        input: Input,  # noqa: A002 - the CLI's --in, as an agent reads it
+        prompt: Prompt = None,
+        critic: Critic = "confidence",
+        fraction: Fraction = None,
+        threshold: Threshold = None,
+        check: Check = False,
+        out: Annotated[str | None, Field(description="where to write: the heat map / score curve (.png) or the "
+                                                     "report (.json). Default: a .png under the server's output "
+                                                     "folder (a caption has no picture)")] = None,
+        seed: Seed = 0,
+    ) -> list:
+        with _answering():
+            return _critique(runner, _given(locals()))
+
+    return critique
+
+
+def refine_tool(runner: Runner):
+    """The ``refine`` tool over ``runner``."""
+
+    def refine(
+        input: Input,  # noqa: A002
+        prompt: Prompt = None,
+        rounds: Annotated[int, Field(ge=1, description="most rounds of critique -> re-mask -> regenerate")] = 3,
+        budget: Annotated[int | None, Field(ge=1, description="most forward passes in all")] = None,
+        critic: Critic = "confidence",
+        fraction: Fraction = None,
+        threshold: Threshold = None,
+        check: Check = False,
+        regions: Annotated[list[dict[Literal["box", "seconds", "chars"], list[float]]] | None, Field(
+            description="your plan for the first round instead of the critic's, e.g. [{'box': [0, 16, 32, 48]}] "
+                        "(pixels x0, y0, x1, y1), [{'seconds': [0.5, 1.0]}] or [{'chars': [2, 7]}]")] = None,
+        out: Annotated[str | None, Field(description="the refined file, of the input's kind (.png, .wav, .txt). "
+                                                     "Default: under the server's output folder")] = None,
+        trace: Annotated[str | None, Field(description="also write the trace here (.json)")] = None,
+        seed: Seed = 0,
+    ) -> list:
+        with _answering():
+            return _refine(runner, _given(locals()))
+
+    return refine
+
+
+def edit_tool(runner: Runner):
+    """The ``edit`` tool over ``runner``."""
+
+    def edit(
+        input: Input,  # noqa: A002
+        prompt: Prompt = None,
+        box: Annotated[Box | None, Field(description="a picture's region in pixels [x0, y0, x1, y1]")] = None,
+        seconds: Annotated[Span | None, Field(description="a clip's region [start, end] in seconds")] = None,
+        chars: Annotated[Span | None, Field(description="a caption's region [start, end] in characters")] = None,
+        out: Annotated[str | None, Field(description="the edited file, of the input's kind (.png, .wav, .txt). "
+                                                     "Default: under the server's output folder")] = None,
+        seed: Seed = 0,
+    ) -> list:
+        with _answering():
+            return _edit(runner, _given(locals()))
+
+    return edit
+
+
+def _given(arguments: dict) -> dict:
+    """A tool's arguments as a request: the ones given (None means the default), without the runner."""
+    return {key: value for key, value in arguments.items() if key != "runner" and value is not None}
+
+
+def _critique(runner: Runner, request: dict) -> list:
+    from mcp_types import TextContent
+
+    from unimodal.serve_refine import run_critique
+
+    checked = check_refine_request("critique", request, runner.fresh_out())  # before the model loads
+    pipe = runner.pipe()
+    with collected_warnings() as warned:
+        report, files = run_critique(pipe, checked)
+    answer = {**report.to_dict(), "files": files, "warnings": list(dict.fromkeys(warned))}
+    return image_content(files.get("picture")) + [TextContent(type="text", text=json.dumps(answer, indent=1))]
+
+
+def _refine(runner: Runner, request: dict) -> list:
+    from mcp_types import TextContent
+
+    from unimodal.serve_refine import run_refine
+
+    checked = check_refine_request("refine", request, runner.fresh_out())
+    pipe = runner.pipe()
+    with collected_warnings() as warned:
+        fixed, files, trace = run_refine(pipe, checked)
+    return result_content(fixed, files, warned) + [TextContent(type="text", text=json.dumps(trace, indent=1))]
+
+
+def _edit(runner: Runner, request: dict) -> list:
+    from unimodal.serve_refine import run_edit
+
+    checked = check_refine_request("edit", request, runner.fresh_out())
+    pipe = runner.pipe()
+    with collected_warnings() as warned:
+        edited, files = run_edit(pipe, checked)
+    return result_content(edited, files, warned)
+
+
 # ---- the server ------------------------------------------------------------------------------------------------
 
-# name -> (builder of the tool function over a Runner, description). critique / refine / edit join here.
+# name -> (builder of the tool function over a Runner, description).
 TOOLS = {
     "generate": (generate_tool, "Generate text, an image and/or audio from a prompt, an image file and/or an "
                                 "audio file (or from nothing). Images come back as image content and files; "
                                 "audio as a file path; text as text."),
+    "critique": (critique_tool, "Score each token of a picture, clip or caption the model made (1: looks right), "
+                                "find the flawed regions (pixels, seconds, characters) and draw them: the heat map "
+                                "over a picture / score curve under a clip comes back as image content and a "
+                                "file; scores and regions as JSON."),
+    "refine": (refine_tool, "Repair a picture, clip or caption: re-mask its flawed regions (the critic's, or your "
+                            "regions) and regenerate them, round by round, keeping a round only if the score "
+                            "improves. Returns the result as generate does, then the trace of every round (JSON)."),
+    "edit": (edit_tool, "Regenerate one region of a picture (box, pixels), clip (seconds) or caption (chars) from "
+                        "a new description (prompt), the rest as context. Returns the result as generate does."),
 }
 
 
@@ -238,4 +397,5 @@ def serve_mcp(model_dir: str | os.PathLike, device: str | None = None, out_dir: 
     return 0
 
 
-__all__ = ["Runner", "TOOLS", "build_server", "generate_tool", "result_content", "serve_mcp"]
+__all__ = ["Runner", "TOOLS", "build_server", "critique_tool", "edit_tool", "generate_tool", "image_content",
+           "refine_tool", "result_content", "serve_mcp"]

@@ -31,6 +31,7 @@ from tokenizers_mm.layout import MODALITIES
 from unimodal.errors import InputError
 from unimodal.grammar import POSITIONS, SIZES, parse_scene_caption, scenes_equal
 from unimodal.inputs import as_audio, as_image, as_text
+from unimodal.paths import atomic_write
 from unimodal.results import GenerationResult
 
 HEAT_SCALE = 4  # the heat map is drawn at 4x the picture's size, so 8-pixel codes are easy to see
@@ -57,18 +58,19 @@ class Critique:
                 "regions": self.regions, "check": self.check}
 
     def save(self, path) -> Path:
-        """``.png``: the heat map / score curve; ``.json``: :meth:`to_dict`."""
+        """``.png``: the heat map / score curve; ``.json``: :meth:`to_dict`. Written whole or not at all (a
+        temporary file, then a rename), as results are."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         if path.suffix.lower() == ".json":
-            path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+            write = lambda temporary: temporary.write_text(json.dumps(self.to_dict(), indent=2) + "\n")  # noqa: E731
         elif path.suffix.lower() == ".png":
             if self.picture is None:
                 raise InputError("a text critique has no picture; save it as .json")
-            self.picture.save(path)
+            write = lambda temporary: self.picture.save(temporary, format="PNG")  # noqa: E731
         else:
             raise InputError(f"save a critique as .png (the heat map) or .json, got {str(path)!r}")
-        return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return atomic_write(path, write)
 
 
 # ---- results <-> drafts -------------------------------------------------------------------------------------

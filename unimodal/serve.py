@@ -21,8 +21,25 @@ Responses (one JSON object per line on stdout, in request order)::
      {...}, "forward_passes": 16, "steps": 16, "settings": {...}, "files": {"image": "/abs/red.png"}}}
     {"id": 5, "ok": false, "error": {"type": "InputError", "message": "unknown output 'video' ..."}}
 
+The self-critique ops take a file to work on (``input``, or ``in`` as the CLI spells it: a picture, a clip or
+a ``.txt`` caption) and the text it was made from (``prompt``), as ``unimodal critique / refine / edit`` do::
+
+    {"id": 5, "op": "critique", "input": "red.png", "prompt": "a small red circle on the left",
+     "critic": "confidence", "fraction": 0.25, "threshold": 0.5, "check": false, "out": "heat.png"}
+    {"id": 6, "op": "refine", "input": "red.png", "prompt": "...", "rounds": 3, "budget": 200,
+     "critic": "confidence", "regions": [{"box": [0, 16, 32, 48]}], "out": "fixed.png", "trace": "trace.json"}
+    {"id": 7, "op": "edit", "input": "red.png", "box": [0, 16, 32, 48], "prompt": "a small blue circle on the
+     left", "out": "edited.png"}
+
+``critique`` answers its ``scores`` (per token), ``regions`` (native units), ``score``, ``check`` and ``files``
+(``out``: the heat map / score curve ``.png`` or the report ``.json``); ``refine`` the refined result, its
+``trace`` (every round) and ``files``; ``edit`` the edited result (one region: ``box`` in pixels, ``seconds``
+or ``chars``). They are checked (:func:`unimodal.checks_refine.check_refine_request`) before anything runs, with
+the same error types as generate; ``out`` of refine / edit is a file of the input's kind. Files are written
+whole or not at all (temporary file, then rename).
+
 A bad request gets an error response and the server goes on. Nothing else is written to stdout (logs,
-warnings and progress go to stderr). ``edit`` / ``refine`` / ``critique`` are not supported yet.
+warnings and progress go to stderr).
 The same request handling backs ``unimodal generate`` (:func:`run_generate`, :func:`save_outputs`).
 """
 
@@ -37,10 +54,10 @@ from pathlib import Path
 
 from unimodal.checks import (GENERATE_KEYS, INPUT_KEYS, SETTING_KEYS, CheckedRequest, check_device,  # noqa: F401
                              check_model_folder, check_request, plan_outputs)
+from unimodal.checks_refine import REFINE_OPS, check_refine_request
 from unimodal.errors import DeviceError, InputError, UnimodalError
 
-OPS = ("generate", "ping", "shutdown")
-LATER_OPS = ("edit", "refine", "critique")  # arrive with the edit / refine issue
+OPS = ("generate", "critique", "refine", "edit", "ping", "shutdown")
 MODEL_ENV = "UNIMODAL_MODEL"
 
 
@@ -122,12 +139,14 @@ def handle(pipe, request, model_dir: str = "") -> tuple[dict, bool]:
         return {"pong": True, "model": model_dir}, False
     if op == "shutdown":
         return {"shutdown": True}, True
-    if op in LATER_OPS:
-        raise NotImplementedError(f"op {op!r} is not supported yet (edit/refine come in a later version); "
-                                  f"supported ops: {', '.join(OPS)}")
-    if op != "generate":
+    if op not in OPS:
         raise InputError(f"unknown op {op!r}; supported ops: {', '.join(OPS)}")
-    return run_generate(pipe, {k: v for k, v in request.items() if k not in ("id", "op")}), False
+    arguments = {k: v for k, v in request.items() if k not in ("id", "op")}
+    if op in REFINE_OPS:
+        from unimodal.serve_refine import answer
+
+        return answer(pipe, check_refine_request(op, arguments)), False
+    return run_generate(pipe, arguments), False
 
 
 def _error(error: BaseException) -> dict:
