@@ -163,7 +163,7 @@ def test_train_tasks_flag_sets_the_mixture_and_refuses_bad_pairs(tmp_path, capsy
     import training.train
 
     seen = []
-    monkeypatch.setattr(training.train, "train", lambda out, data, codecs, cfg, resume: seen.append(cfg) or out)
+    monkeypatch.setattr(training.train, "train", lambda out, data, codecs, cfg, resume, options=None: seen.append(cfg) or out)
     run(capsys, "train", "--out", tmp_path / "a", "--tasks", "text->image=3, image->text=2")
     run(capsys, "train", "--out", tmp_path / "b")
     assert seen[0].task_weights == {"text->image": 3.0, "image->text": 2.0}
