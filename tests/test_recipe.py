@@ -161,3 +161,26 @@ def test_max_minutes_stops_cleanly_with_a_checkpoint_and_a_model(tiny_codec_dir,
     assert torch.load(tmp_path / "short" / "checkpoint.pt", weights_only=False)["step"] == 1
     assert (model_dir / "backbone" / "config.json").exists()
     assert "stopping at step 1 of 50" in capsys.readouterr().out
+
+
+def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):
+    from unimodal.recipe import RecipeBudget, format_report, parse_variant, run_recipe
+
+    assert parse_variant(["first", "loss_norm=maskable", "sparse_head=false", "lr=2e-3"]) == \
+        ("first", {"loss_norm": "maskable", "sparse_head": False, "lr": 0.002})
+    for bad in (["x", "no_such=1"], ["x", "lr"], ["x", "sparse_head=maybe"], ["x", "steps=many"]):
+        with pytest.raises(InputError):
+            parse_variant(bad)
+    judged = {"text->image": {"accuracy": 0.25, "verdicts": [1, 0, 0, 0]},
+              "image->text": {"accuracy": 0.5, "verdicts": [1, 1, 0, 0]}}
+    better = {"text->image": {"accuracy": 0.75, "verdicts": [1, 1, 1, 0]},
+              "image->text": {"accuracy": 0.5, "verdicts": [1, 1, 0, 0]}}
+    report = {"budget": {"preset": "mini", "steps": 10, "batch_size": 4, "lr": 1e-3, "data": "scenes",
+                         "tasks": {}, "eval_n": 4},
+              "variants": {"first": {"overrides": {}, "seconds": 60, "judged": judged},
+                           "real": {"overrides": {"loss_norm": "real"}, "seconds": 30, "judged": better}}}
+    table = format_report(report)
+    assert "+0.500" in table and "+0.000" in table  # paired differences from the first variant
+    (tmp_path / "recipe.json").write_text(json.dumps({"budget": {"steps": 1}, "variants": {}}))
+    with pytest.raises(InputError, match="another budget"):
+        run_recipe(RecipeBudget(), [("first", {})], None, tmp_path)
