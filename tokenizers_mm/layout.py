@@ -448,7 +448,8 @@ class Layout:
         # The epsilon keeps code boundaries exact: at 12.5 codes/s, (6 / 12.5) * 12.5 is 5.999..., which would
         # floor to code 5, so the span a region helper wrote for code 6 would not map back to code 6.
         first = math.floor(start_s * self.audio_frame_rate + 1e-9)
-        end = min(n_codes, math.ceil(end_s * self.audio_frame_rate - 1e-9))
+        # ... and a span shorter than the epsilon still touches the code it starts in
+        end = min(n_codes, max(first + 1, math.ceil(end_s * self.audio_frame_rate - 1e-9)))
         if first >= end:
             raise InputError(f"the span {start_s}..{end_s} s starts after the audio ends "
                              f"({n_codes} codes = {n_codes / self.audio_frame_rate:.2f} s)")
