@@ -55,10 +55,10 @@ def pack_tokens(splits: dict[str, list[dict[str, torch.Tensor]]], layout: Layout
             lengths = [len(s[modality]) if modality in s else -1 for s in samples]
             if max(lengths, default=-1) < 0:
                 continue
-            ids = torch.cat(parts).to(torch.int16) if parts else torch.zeros(0, dtype=torch.int16)
-            if parts and int(torch.cat(parts).max()) > torch.iinfo(torch.int16).max:
+            ids = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+            if ids.numel() and int(ids.max()) > torch.iinfo(torch.int16).max:
                 raise DataError(f"{split}/{modality} ids exceed int16; a pack holds codebooks of <= 32767 ids")
-            tensors[f"{split}/{modality}/ids"] = ids.contiguous()
+            tensors[f"{split}/{modality}/ids"] = ids.to(torch.int16).contiguous()
             tensors[f"{split}/{modality}/lengths"] = torch.tensor(lengths, dtype=torch.int32)
     header = {"format": str(PACK_FORMAT), "layout": json.dumps(layout.to_dict()),
               "meta": json.dumps({**meta, "counts": {k: len(v) for k, v in splits.items()}})}
