@@ -10,7 +10,7 @@ import torch
 from backbone.dit import DiT
 from tokenizers_mm.layout import PAD, Layout
 from training.hardware import cpu_has_bf16_units, resolve_device, use_bf16
-from training.objective import (LossSpec, TargetVocab, mask_targets, masked_diffusion_loss, sparse_diffusion_loss,
+from training.objective import (LossSpec, TargetVocab, complementary_masks, mask_targets, masked_diffusion_loss, sparse_diffusion_loss,
                                 token_weight)
 from training.schedule import MaskSchedule
 from training.tasks import Task, build_example, collate_examples
@@ -89,6 +89,27 @@ def test_step_loss_sparse_and_dense_agree_on_gradients_of_the_trunk():
     loss.backward()
     assert all(p.grad is not None for p in model.parameters())  # every weight takes part (DDP needs it)
     assert torch.isfinite(loss)
+
+
+def test_complementary_masks_train_every_target_token_once_per_step():
+    layout = _layout()
+    batch = _mixed_batch(layout, seed=5)
+    t = torch.tensor([0.2, 0.5, 0.7, 0.95])
+    masked = complementary_masks(batch.batch.ids, batch.maskable, t, torch.Generator().manual_seed(0))
+    first, second = masked.masked[:4], masked.masked[4:]
+    assert not (first & second).any()  # the two masks are disjoint ...
+    assert torch.equal(first | second, batch.maskable)  # ... and cover every maskable slot
+    assert torch.equal(masked.noisy_ids == 1, masked.masked) and torch.equal(masked.targets[4:], batch.batch.ids)
+    assert torch.allclose(masked.t[4:], 1 - t)
+    # the step doubles the rows of everything the model reads, and the loss is an ordinary finite scalar
+    torch.manual_seed(0)
+    model = DiT.from_preset("tiny", layout.vocab_size)
+    spec = LossSpec(TargetVocab.of(layout), masking="complementary")
+    loss, acc = step_loss(model, batch, MaskSchedule(), torch.Generator().manual_seed(0), spec, t=t)
+    loss.backward()
+    assert torch.isfinite(loss) and 0 <= float(acc) <= 1
+    with pytest.raises(InputError, match="masking"):
+        TrainConfig(masking="half")
 
 
 def test_bf16_follows_the_hardware():

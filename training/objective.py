@@ -62,6 +62,25 @@ def mask_targets(ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor,
     return MaskedBatch(noisy, ids, masked, maskable, t)
 
 
+def complementary_masks(ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor,
+                        generator: torch.Generator | None = None) -> MaskedBatch:
+    """Each sample twice (2B rows): masked at ratio ``t`` as :func:`mask_targets` does, then with the
+    complementary mask at ratio ``1 - t``, so every target token is predicted exactly once per step. LaViDa
+    (2025) introduced it for vision-language diffusion: with one independent mask, the few words that carry a
+    caption's content (a colour, a shape) go unmasked, and untrained, about half the time."""
+    first = mask_targets(ids, maskable, t, generator)
+    second = maskable & ~first.masked
+    both = torch.cat([first.masked, second])
+    ids2 = torch.cat([ids, ids])
+    t2 = (1.0 - t).clamp_min(COMPLEMENT_FLOOR)  # what the complement masks in expectation
+    return MaskedBatch(torch.where(both, torch.full_like(ids2, MASK), ids2), ids2, both,
+                       torch.cat([maskable, maskable]), torch.cat([t, t2]))
+
+
+COMPLEMENT_FLOOR = 1e-3  # the schedule's smallest ratio (MaskSchedule.min_ratio): bounds the 1/t weight
+MASKINGS = ("independent", "complementary")  # one mask per sample at ratio t, or the mask and its complement
+
+
 def normaliser(batch: MaskedBatch, normalise: str) -> torch.Tensor:
     """(B,) what each sample's weighted cross-entropy sum is divided by (see :data:`NORMALISERS`)."""
     if normalise == "real":
@@ -111,15 +130,24 @@ class LossSpec:
     vocab: TargetVocab | None = None
     weighting: str = "elbo"
     normalise: str = "real"
+    masking: str = "independent"  # MASKINGS
 
     def __post_init__(self):
+        if self.masking not in MASKINGS:
+            raise ValueError(f"masking must be one of {MASKINGS}, got {self.masking!r}")
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"loss weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
         if self.normalise not in NORMALISERS:
             raise ValueError(f"loss normalisation must be one of {NORMALISERS}, got {self.normalise!r}")
 
     def to(self, device) -> "LossSpec":
-        return LossSpec(self.vocab and self.vocab.to(device), self.weighting, self.normalise)
+        return LossSpec(self.vocab and self.vocab.to(device), self.weighting, self.normalise, self.masking)
+
+    def mask(self, ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor,
+             generator: torch.Generator | None = None) -> MaskedBatch:
+        """The step's masked rows: B of them, or 2B with complementary masking."""
+        masker = complementary_masks if self.masking == "complementary" else mask_targets
+        return masker(ids, maskable, t, generator)
 
 
 def sparse_diffusion_loss(head, hidden: torch.Tensor, segment_ids: torch.Tensor, batch: MaskedBatch,

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from backbone.dit import DiT
 from training.checkpoint import resumed_config, save_atomic
-from training.objective import (NORMALISERS, WEIGHTINGS, LossSpec, TargetVocab, mask_targets, masked_diffusion_loss,
+from training.objective import (MASKINGS, NORMALISERS, WEIGHTINGS, LossSpec, TargetVocab, mask_targets, masked_diffusion_loss,
                                 masked_token_accuracy, next_token_accuracy, next_token_loss, sparse_diffusion_loss)
 from training.optim import warmup_cosine
 from training.schedule import MaskSchedule
@@ -54,6 +54,7 @@ class TrainConfig:
     bf16: bool | None = None  # None: bf16 autocast where the hardware multiplies bf16 natively (training.hardware)
     loss_weighting: str = "elbo"  # training.objective.WEIGHTINGS
     loss_norm: str = "real"  # training.objective.NORMALISERS
+    masking: str = "independent"  # training.objective.MASKINGS (complementary: each sample twice, 2x the rows)
     sparse_head: bool = True  # logits only at masked slots, over their modality's ids (False: the first recipe)
     task_weights: dict = field(default_factory=lambda: dict(DEFAULT_TASK_WEIGHTS))
     cond_drop: float = 0.1
@@ -75,12 +76,15 @@ class TrainConfig:
             raise InputError(f"max_audio_seconds must be a positive number of seconds, got {self.max_audio_seconds!r}")
         if self.train_subset is not None and self.train_subset < 1:
             raise InputError(f"train_subset must be a positive number of samples, got {self.train_subset}")
+        if self.masking not in MASKINGS:
+            raise InputError(f"masking must be one of {MASKINGS}, got {self.masking!r}")
         if self.loss_weighting not in WEIGHTINGS or self.loss_norm not in NORMALISERS:
             raise InputError(f"loss weighting must be one of {WEIGHTINGS} and normalisation one of {NORMALISERS}, "
                              f"got {self.loss_weighting!r} and {self.loss_norm!r}")
 
     def loss_spec(self, layout) -> LossSpec:
-        return LossSpec(TargetVocab.of(layout) if self.sparse_head else None, self.loss_weighting, self.loss_norm)
+        return LossSpec(TargetVocab.of(layout) if self.sparse_head else None, self.loss_weighting, self.loss_norm,
+                        self.masking)
 
     @property
     def autoregressive(self) -> bool:
@@ -140,11 +144,16 @@ def step_loss(model, batch: ExampleBatch, schedule: MaskSchedule, generator: tor
     vocabulary head and logits are computed only at masked slots, over their modality's ids."""
     b = batch.batch
     t = schedule.sample(b.ids.shape[0], generator) if t is None else t
-    masked = mask_targets(b.ids, batch.maskable, t, generator)
+    masked = spec.mask(b.ids, batch.maskable, t, generator)
+    rows = masked.noisy_ids.shape[0] // b.ids.shape[0]  # 2 with complementary masks: every input twice
+
+    def on_device(x: torch.Tensor) -> torch.Tensor:
+        return (x if rows == 1 else x.repeat(rows, *([1] * (x.dim() - 1)))).to(device, non_blocking=True)
+
     device = next(model.parameters()).device
-    segment_ids = b.segment_ids.to(device, non_blocking=True)
-    out = model(masked.noisy_ids.to(device), t.to(device), segment_ids, b.positions.to(device),
-                batch.is_target.to(device), b.attention_mask.to(device), logits=spec.vocab is None)
+    segment_ids = on_device(b.segment_ids)
+    out = model(masked.noisy_ids.to(device), masked.t.to(device), segment_ids, on_device(b.positions),
+                on_device(batch.is_target), on_device(b.attention_mask), logits=spec.vocab is None)
     masked_on_device = type(masked)(*(x.to(device) for x in (masked.noisy_ids, masked.targets, masked.masked,
                                                                   masked.maskable, masked.t)))
     if spec.vocab is None:
@@ -718,6 +727,10 @@ def add_arguments(parser) -> None:
                              "1/max(t, 0.1), flat 1")
     parser.add_argument("--loss-norm", choices=NORMALISERS, default=TrainConfig.loss_norm,
                         help="divide each sample's loss by its real target tokens or by all its maskable slots")
+    parser.add_argument("--masking", choices=MASKINGS, default=TrainConfig.masking,
+                        help="one mask per sample at ratio t, or complementary: each sample also with the "
+                             "complement of its mask, so every target token is trained each step (2x the rows: "
+                             "halve --batch-size for the same compute)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when there is a GPU), cpu or cuda")
     parser.add_argument("--compile", dest="compile", action="store_true", default=None,
                         help="run the forward under torch.compile (default: on CUDA only)")
@@ -798,7 +811,7 @@ def run_from_args(args) -> int:
     cfg = cli_config(TrainConfig, args.out, args.resume, args.steps, preset=args.preset, batch_size=args.batch_size,
                      grad_accum=args.grad_accum, lr=args.lr, warmup=args.warmup, val_every=args.val_every,
                      checkpoint_every=args.checkpoint_every, bf16=args.bf16, seed=args.seed,
-                     loss_weighting=args.loss_weighting, loss_norm=args.loss_norm,
+                     loss_weighting=args.loss_weighting, loss_norm=args.loss_norm, masking=args.masking,
                      objective=args.objective, train_subset=args.train_subset, snapshots=args.snapshots,
                      ema_decay=args.ema_decay, init_from=args.init_from, max_audio_seconds=args.max_audio_seconds,
                      **({} if args.tasks is None else {"task_weights": args.tasks}))
