@@ -1,7 +1,7 @@
 """The denoiser: one DiT over the shared token vocabulary, for every modality at once.
 
 The model never sees the masking schedule. It reads a packed sequence (``ids``, ``segment_ids``,
-``positions`` from :mod:`tokenizers_mm.layout`), a mask ratio ``t`` per sample and an ``is_target`` flag per
+``positions`` from :mod:`unimodal.tokenizers_mm.layout`), a mask ratio ``t`` per sample and an ``is_target`` flag per
 token, and returns per-token logits over the shared vocabulary plus one critic logit per token.
 
 Two choices make the condition cache exact rather than approximate:
@@ -31,7 +31,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
 from torch import nn
 
-from unimodal.errors import InputError
+from unimodal.core.errors import InputError
 
 try:  # optional, GPU only: used when importable and the tensors are on CUDA
     from xformers.ops import memory_efficient_attention

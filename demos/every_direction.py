@@ -1,6 +1,6 @@
 """Generate in every direction from one caption and save what a person would look at or listen to.
 
-    python -m demos.every_direction --model runs/small/model --out demo-out
+    python -m unimodal.demos.every_direction --model runs/small/model --out demo-out
 
 Writes ``text_to_image.png``, ``text_to_audio.wav``, ``image_to_text.txt``, ``audio_to_image.png``,
 ``joint/`` (image, audio and text generated together) and ``summary.json`` (settings, passes, outputs).

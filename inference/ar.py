@@ -4,9 +4,9 @@ The twin (``unimodal train --objective ar``) is the same backbone with a causal 
 target token from the tokens before it. It is the baseline the diffusion model's speed is measured against,
 so it gets the decoding a fair rival deserves: the conditions (and the first target's BEGIN marker) go
 through the model once as a prefix, then every step feeds one token per sample over the cached keys and
-values (:meth:`backbone.dit.DiT.extend`), exactly one model call per generated token.
+values (:meth:`unimodal.backbone.dit.DiT.extend`), exactly one model call per generated token.
 
-Requests, settings and results are those of :func:`inference.sampler.generate` (``temperature``, ``top_k``,
+Requests, settings and results are those of :func:`unimodal.inference.sampler.generate` (``temperature``, ``top_k``,
 ``top_p`` and ``seed`` apply; steps, modes and tau do not: an autoregressive model takes one step per token).
 A sample's sequence follows training: for each target in order, BEGIN, content, END. An image's content is
 its fixed number of codes, then its END; text and audio end when the model writes END (or at the target's
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inference.sampler import (Request, SampleResult, SamplerConfig, _draw, _groups, _Prepared,
+from unimodal.inference.sampler import (Request, SampleResult, SamplerConfig, _draw, _groups, _Prepared,
                                prepare_requests)
-from tokenizers_mm.layout import MARKERS, PAD, Layout, Packed, Segment, collate
-from unimodal.errors import InputError
+from unimodal.tokenizers_mm.layout import MARKERS, PAD, Layout, Packed, Segment, collate
+from unimodal.core.errors import InputError
 
 
 @torch.no_grad()
@@ -32,7 +32,7 @@ def generate_autoregressive(model, layout: Layout, requests: Request | Sequence[
     """Decode the targets of each request left to right; one :class:`SampleResult` per request, in order."""
     if not getattr(model.config, "causal", False):
         raise InputError("generate_autoregressive needs a causal model (trained with --objective ar); a "
-                         "masked-diffusion model samples with inference.sampler.generate")
+                         "masked-diffusion model samples with unimodal.inference.sampler.generate")
     if isinstance(config, SamplerConfig) and config.cfg is not None:
         raise InputError("the autoregressive twin decodes without classifier-free guidance; leave cfg unset")
     requests = [requests] if isinstance(requests, Request) else list(requests)

@@ -8,7 +8,7 @@ For each direction (one condition modality -> one target modality) the same N co
   one token per model call (the slowest, most careful decoding);
 
 each once with the condition cache (``SamplerConfig.use_cache``) and once without; the N requests of a setting
-run as one batched :func:`~inference.sampler.generate` call, so wall time per sample is that call's time / N
+run as one batched :func:`~unimodal.inference.sampler.generate` call, so wall time per sample is that call's time / N
 (after an untimed warm-up; on a tiny model it is noise-dominated). Per setting it reports TPF
 (generated target slots / forward passes, where generated slots are those the model sampled, not the PAD filled
 in after an END), forward passes and wall time per sample, peak memory, and *agreement*: the fraction of target
@@ -40,10 +40,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from inference.evaluate import Judges, caption_correct, judge_image, paired_difference, shell_hint, verdicts_of
-from inference.sampler import Request, SampleResult, SamplerConfig, generate
-from tokenizers_mm.layout import MODALITIES
-from unimodal.errors import InputError
+from unimodal.inference.evaluate import Judges, caption_correct, judge_image, paired_difference, shell_hint, verdicts_of
+from unimodal.inference.sampler import Request, SampleResult, SamplerConfig, generate
+from unimodal.tokenizers_mm.layout import MODALITIES
+from unimodal.core.errors import InputError
 
 DEFAULT_DIRECTIONS = ("text->image", "image->text", "text->audio", "audio->text", "audio->image", "image->audio")
 DEFAULT_TAUS = (0.5, 0.7, 0.9)
@@ -229,7 +229,7 @@ def bench_sample(pipe, conditions: dict[str, list], directions=DEFAULT_DIRECTION
                  steps=DEFAULT_STEPS, seed: int = 0, sampling: dict | None = None, model_path: str | None = None,
                  progress=None, cases=None, compile_direction: str | None = None, cache_check: bool = True) -> dict:
     """The whole sweep. ``conditions``: raw condition values per modality (the same N for every direction that
-    reads that modality); ``cases``: optionally the truth behind them (:class:`inference.evaluate.EvalCase`,
+    reads that modality); ``cases``: optionally the truth behind them (:class:`unimodal.inference.evaluate.EvalCase`,
     in the same order), for judged quality. ``compile_direction``: also time that direction with the denoising
     step under ``torch.compile``; ``cache_check=False``: skip the uncached repeat of every setting (the cache
     figure is then not measured). Returns a JSON-ready report: settings, device, memory kind, one row per

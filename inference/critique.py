@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenizers_mm.layout import MASK, MODALITIES, Layout, Packed, Segment, collate
-from unimodal.errors import InputError
+from unimodal.tokenizers_mm.layout import MASK, MODALITIES, Layout, Packed, Segment, collate
+from unimodal.core.errors import InputError
 
 CRITICS = ("learned", "confidence", "random")
 DEFAULT_GROUPS = 4  # re-masking a quarter at a time keeps 3/4 of the context for each scored token

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from unimodal.errors import InputError
-from unimodal.grammar import parse_digit_caption, parse_scene_caption, scenes_equal
+from unimodal.core.errors import InputError
+from unimodal.core.grammar import parse_digit_caption, parse_scene_caption, scenes_equal
 
 DIRECTIONS = ("text->image", "image->text", "audio->text", "text->audio", "image->audio", "audio->image", "joint")
 JOINT_TARGETS = ("text", "image", "audio")
@@ -126,21 +126,21 @@ class Judges:
 
     @property
     def scene(self):
-        from inference.judges import SceneJudge
+        from unimodal.judges import SceneJudge
 
         self._scene = self._scene or SceneJudge()
         return self._scene
 
     @property
     def digit(self):
-        from inference.judges import DigitJudge
+        from unimodal.judges import DigitJudge
 
         self._digit = self._digit or DigitJudge(self._digit_seed)
         return self._digit
 
     @property
     def speech(self):
-        from inference.judges import SpeechJudge
+        from unimodal.judges import SpeechJudge
 
         self._speech = self._speech or SpeechJudge()
         return self._speech
@@ -221,7 +221,7 @@ def effective_settings(results: Sequence) -> dict:
 def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scores: Sequence[dict],
               wall: float) -> dict:
     """Figures of one direction, overall and per kind of case: rates, WER, forward passes, seconds per sample."""
-    from inference.judges import word_error_rate
+    from unimodal.judges import word_error_rate
 
     _, targets = parse_direction(direction)
     summary = {"n": len(scores), "forward_passes": float(np.mean([r.forward_passes for r in results])),
@@ -260,7 +260,7 @@ def reference_figures(cases: Sequence[EvalCase], judges: Judges, progress: bool 
         report["image_judge_accuracy"] = _rates(scores).get("accuracy")
     spoken = [c for c in cases if c.audio is not None]
     if spoken:
-        from inference.judges import word_error_rate
+        from unimodal.judges import word_error_rate
 
         heard = judges.speech.transcribe_many([c.audio for c in spoken], progress=progress)
         report["speech_judge_wer"] = word_error_rate([c.text for c in spoken], heard)
@@ -340,7 +340,7 @@ def _fmt(value) -> str:
 def save_report(report: dict, out: str | Path, grid_size: int = 16) -> list[Path]:
     """``out/eval.json`` (everything but the raw samples), one ``out/grid_<direction>.png`` per direction and
     the first generated clips as WAV files."""
-    from inference.grids import sample_grid
+    from unimodal.inference.grids import sample_grid
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 Each round:
 
 1. **plan**: score the draft's tokens with the critic and turn the lowest into regions (see
-   :mod:`inference.critique`), or take the caller's regions;
+   :mod:`unimodal.inference.critique`), or take the caller's regions;
 2. **execute**: re-mask exactly the tokens of those regions and regenerate them with the sampler, every other
    token of the draft (and the original conditions) held fixed as context (``Request.start_ids``);
 3. **evaluate**: score the candidate with the evaluator; keep it only if its sample score rose.
@@ -26,11 +26,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from inference.critique import (DEFAULT_FRACTION, DEFAULT_GROUPS, DEFAULT_THRESHOLD, Draft, flagged, make_critic,
+from unimodal.inference.critique import (DEFAULT_FRACTION, DEFAULT_GROUPS, DEFAULT_THRESHOLD, Draft, flagged, make_critic,
                                 region_indices, regions_from_flags, remasked, sample_score, selection_of)
-from inference.sampler import Request, SamplerConfig
-from inference.sampler import generate as sample
-from unimodal.errors import InputError
+from unimodal.inference.sampler import Request, SamplerConfig
+from unimodal.inference.sampler import generate as sample
+from unimodal.core.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ from numbers import Real
 
 import torch
 
-from tokenizers_mm.layout import EOS, MARKERS, MASK, MODALITIES, PAD, Batch, Layout, Packed, Segment, collate
-from unimodal.errors import InputError
+from unimodal.tokenizers_mm.layout import EOS, MARKERS, MASK, MODALITIES, PAD, Batch, Layout, Packed, Segment, collate
+from unimodal.core.errors import InputError
 
 MODES = ("confidence", "threshold", "semi_ar")
 BLOCK_MODES = ("confidence", "threshold")

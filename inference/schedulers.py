@@ -4,8 +4,8 @@
 ``scheduler_config.json``). It serves two purposes:
 
 * the pipeline's fast path: :meth:`~MaskedDiffusionScheduler.sampler_config` turns the stored settings (plus
-  per-call overrides) into a :class:`~inference.sampler.SamplerConfig` for the batched
-  :func:`inference.sampler.generate`;
+  per-call overrides) into a :class:`~unimodal.inference.sampler.SamplerConfig` for the batched
+  :func:`unimodal.inference.sampler.generate`;
 * a loop you write yourself, as with any diffusers scheduler::
 
       scheduler.set_timesteps(16)
@@ -25,7 +25,7 @@
   generators), as in the sampler. Text and audio stay well formed: after a segment's first END (or PAD)
   every later position becomes PAD, as in the sampler.
 
-Unlike :func:`inference.sampler.generate`, a hand-written loop never skips a step: a step whose schedule count
+Unlike :func:`unimodal.inference.sampler.generate`, a hand-written loop never skips a step: a step whose schedule count
 is zero commits nothing. ``step`` keeps a little state between calls: the number of masked positions when
 sampling started (recorded at step index 0, or on the first call after :meth:`set_timesteps`) and, in
 ``semi_ar``, the current block of each row. Call :meth:`set_timesteps` before each new generation.
@@ -42,7 +42,7 @@ from diffusers import ConfigMixin, SchedulerMixin  # SchedulerMixin: diffusers p
 from diffusers.configuration_utils import register_to_config
 from diffusers.utils import BaseOutput
 
-from inference.sampler import (
+from unimodal.inference.sampler import (
     _NO_BLOCK,
     KEPT_FRACTION,
     SamplerConfig,
@@ -54,8 +54,8 @@ from inference.sampler import (
     masked_after_step,
     perturbed_order,
 )
-from tokenizers_mm.layout import BOA, BOI, BOT, EOA, EOT, MASK, Layout, Packed
-from unimodal.errors import InputError
+from unimodal.tokenizers_mm.layout import BOA, BOI, BOT, EOA, EOT, MASK, Layout, Packed
+from unimodal.core.errors import InputError
 
 # Settings stored in scheduler_config.json, by SamplerConfig field name (num_inference_steps is "steps").
 _STORED = ("mode", "schedule", "tau", "temperature", "top_k", "top_p", "block_length", "block_mode",

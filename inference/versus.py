@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from inference.evaluate import (EvalCase, Judges, eval_requests, paired_difference, parse_direction,
+from unimodal.inference.evaluate import (EvalCase, Judges, eval_requests, paired_difference, parse_direction,
                                 score_direction, summarize, verdicts_of)
-from unimodal.errors import InputError
+from unimodal.core.errors import InputError
 
 DEFAULT_DIRECTIONS = ("text->image", "image->text", "text->audio")
 DEFAULT_SWEEP = ({"mode": "confidence", "steps": 4}, {"mode": "confidence", "steps": 8},

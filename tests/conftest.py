@@ -25,7 +25,7 @@ def _one_thread():
 @pytest.fixture(scope="session")
 def tiny_scenes(tmp_path_factory):
     """A 40-sample scenes build (train 32 / val 4 / test 4 / heldout 4), with speech."""
-    from training.data.build import build
+    from unimodal.training.data.build import build
 
     return build("scenes", n=40, seed=0, out=tmp_path_factory.mktemp("data") / "scenes", progress=False)
 
@@ -35,9 +35,9 @@ def tiny_codec_dir(tmp_path_factory):
     """text/, image/, audio/ codecs small enough for tests: a BPE fitted on captions, untrained tiny VQs."""
     import torch
 
-    from tokenizers_mm.audio import AudioCodec, AudioVQModel
-    from tokenizers_mm.image import ImageCodec, ImageVQModel
-    from tokenizers_mm.text import TextCodec, caption_corpus
+    from unimodal.tokenizers_mm.audio import AudioCodec, AudioVQModel
+    from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel
+    from unimodal.tokenizers_mm.text import TextCodec, caption_corpus
 
     root = tmp_path_factory.mktemp("codecs")
     torch.manual_seed(0)
@@ -56,7 +56,7 @@ def random_tiny_dit(vocab_size: int):
     """Tiny DiT with random weights everywhere (at init adaLN-Zero makes every block the identity)."""
     import torch
 
-    from backbone.dit import DiT
+    from unimodal.backbone.dit import DiT
 
     torch.manual_seed(0)
     model = DiT.from_preset("tiny", vocab_size).eval()
@@ -68,9 +68,9 @@ def random_tiny_dit(vocab_size: int):
 
 
 def write_tiny_model(codec_dir, out, task_weights=TASKS, max_text_len=12):
-    """A model folder exactly as training writes it (training.train.write_model_folder), with a random DiT."""
-    from training.tokens import CodecStack
-    from training.train import EMA, TrainConfig, write_model_folder
+    """A model folder exactly as training writes it (unimodal.training.train.write_model_folder), with a random DiT."""
+    from unimodal.training.tokens import CodecStack
+    from unimodal.training.train import EMA, TrainConfig, write_model_folder
 
     stack = CodecStack.load(codec_dir, max_text_len=max_text_len, max_audio_len=16)
     model = random_tiny_dit(stack.layout.vocab_size)

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from backbone.dit import DiT
-from inference.ar import generate_autoregressive
-from inference.sampler import Request, SamplerConfig
-from tokenizers_mm.layout import BOI, EOI, EOT
-from training.objective import next_token_accuracy, next_token_loss
-from training.tasks import Task, build_example, collate_examples
-from training.tokens import CodecStack
-from training.train import TrainConfig, ar_step_loss, train
-from unimodal.errors import InputError
+from unimodal.backbone.dit import DiT
+from unimodal.inference.ar import generate_autoregressive
+from unimodal.inference.sampler import Request, SamplerConfig
+from unimodal.tokenizers_mm.layout import BOI, EOI, EOT
+from unimodal.training.objective import next_token_accuracy, next_token_loss
+from unimodal.training.tasks import Task, build_example, collate_examples
+from unimodal.training.tokens import CodecStack
+from unimodal.training.train import TrainConfig, ar_step_loss, train
+from unimodal.core.errors import InputError
 
 
 def _causal_tiny(vocab_size: int) -> DiT:

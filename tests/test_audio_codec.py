@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from tokenizers_mm import Codec, get_codec_class
-from tokenizers_mm.audio import SILENCE_CODE, AudioCodec, AudioVQModel
-from unimodal.errors import InputError
+from unimodal.tokenizers_mm import Codec, get_codec_class
+from unimodal.tokenizers_mm.audio import SILENCE_CODE, AudioCodec, AudioVQModel
+from unimodal.core.errors import InputError
 
 SR = 16_000
 TINY_MODEL = dict(encoder_channels=16, decoder_channels=16, embed_dim=8, num_codes=32)
@@ -138,7 +138,7 @@ def test_griffin_lim_path_reconstructs_a_tone(codec):
 
 
 def test_griffin_lim_path_reconstructs_speech(codec):
-    from training.data.speech import synthesize
+    from unimodal.training.data.speech import synthesize
 
     speech = synthesize("the quick brown fox jumps over the lazy dog")
     (rebuilt,) = codec.griffin_lim_only([speech])
@@ -149,7 +149,7 @@ def test_griffin_lim_path_reconstructs_speech(codec):
 
 
 def test_tiny_training_run_and_resume(tmp_path):
-    from training.codec_audio import AudioCodecTrainConfig, train_audio_codec, training_batch
+    from unimodal.training.codec_audio import AudioCodecTrainConfig, train_audio_codec, training_batch
 
     cfg = AudioCodecTrainConfig(steps=2, batch_size=2, pool_size=6, crop_frames=32, checkpoint_every=1,
                                 warmup=1, model=dict(TINY_MODEL))
@@ -166,7 +166,7 @@ def test_tiny_training_run_and_resume(tmp_path):
 
 
 def test_decoder_upgrade_keeps_the_codes_and_trains_only_a_new_decoder(tmp_path):
-    from training.codec_audio import AudioCodecTrainConfig, train_audio_codec
+    from unimodal.training.codec_audio import AudioCodecTrainConfig, train_audio_codec
 
     base = AudioCodecTrainConfig(steps=2, batch_size=2, pool_size=6, crop_frames=32, checkpoint_every=1,
                                  warmup=1, model=dict(TINY_MODEL))
@@ -191,8 +191,8 @@ def test_decoder_upgrade_keeps_the_codes_and_trains_only_a_new_decoder(tmp_path)
 
 
 def test_bad_decoder_settings_are_clear_errors():
-    from tokenizers_mm.audio import AudioVQModel
-    from unimodal.errors import InputError
+    from unimodal.tokenizers_mm.audio import AudioVQModel
+    from unimodal.core.errors import InputError
 
     for bad in (dict(decoder_channels=0), dict(decoder_dilations=[]), dict(decoder_dilations=[1, 0]),
                 dict(dilations=(1, -3))):
@@ -201,8 +201,8 @@ def test_bad_decoder_settings_are_clear_errors():
 
 
 def test_decoder_upgrade_refuses_a_missing_codec(tmp_path):
-    from training.codec_audio import AudioCodecTrainConfig, train_audio_codec
-    from unimodal.errors import UnimodalError
+    from unimodal.training.codec_audio import AudioCodecTrainConfig, train_audio_codec
+    from unimodal.core.errors import UnimodalError
 
     cfg = AudioCodecTrainConfig(steps=1, batch_size=2, pool_size=6, crop_frames=32, model=dict(TINY_MODEL),
                                 init_from=str(tmp_path / "nowhere"))

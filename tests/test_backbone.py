@@ -2,10 +2,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backbone import PRESETS, ConditionCache, DiT, flops_per_token
-from backbone.dit import attention_visibility
-from tokenizers_mm.layout import MASK, SEG_AUDIO, SEG_IMAGE, SEG_PAD, SEG_TEXT
-from unimodal.errors import InputError
+from unimodal.backbone import PRESETS, ConditionCache, DiT, flops_per_token
+from unimodal.backbone.dit import attention_visibility
+from unimodal.tokenizers_mm.layout import MASK, SEG_AUDIO, SEG_IMAGE, SEG_PAD, SEG_TEXT
+from unimodal.core.errors import InputError
 
 VOCAB = 40
 

@@ -18,11 +18,11 @@ from PIL import Image
 
 from conftest import write_tiny_model
 from unimodal import checks
-from unimodal.errors import (DeviceError, EmptyInputError, InputError, InputFileError, ModelFolderError,
+from unimodal.core.errors import (DeviceError, EmptyInputError, InputError, InputFileError, ModelFolderError,
                              OutputPathError, SampleRateError, SettingError, StepsCappedWarning, TextEncodingError,
                              UnimodalError, UnknownWordsWarning)
-from unimodal.grammar import known_vocabulary
-from unimodal.paths import atomic_write
+from unimodal.core.grammar import known_vocabulary
+from unimodal.core.paths import atomic_write
 from unimodal.results import GenerationResult
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -296,7 +296,7 @@ SAMPLER_FIELDS = ("steps", "mode", "schedule", "tau", "temperature", "top_k", "t
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.sampled_from(SAMPLER_FIELDS), SETTING_VALUES, max_size=4))
 def test_checked_settings_are_exactly_what_the_sampler_accepts(values):
-    from inference.sampler import SamplerConfig
+    from unimodal.inference.sampler import SamplerConfig
 
     given_values = {k: v for k, v in values.items() if v is not None}
     try:
@@ -313,7 +313,7 @@ def test_checked_settings_are_exactly_what_the_sampler_accepts(values):
 
 
 def test_the_checks_mirror_the_samplers_choices():
-    from inference import sampler
+    from unimodal.inference import sampler
 
     assert (checks.MODES, checks.SCHEDULES, checks.BLOCK_MODES) == (sampler.MODES, sampler.SCHEDULES,
                                                                     sampler.BLOCK_MODES)
@@ -385,8 +385,8 @@ def test_a_bad_manifest_line_stops_training_naming_the_line(tiny_codec_dir, tmp_
 def test_a_pack_without_training_samples_is_refused(tiny_codec_dir, tmp_path, capsys):
     import torch
 
-    from training.pack import pack_tokens
-    from training.tokens import CodecStack
+    from unimodal.training.pack import pack_tokens
+    from unimodal.training.tokens import CodecStack
 
     layout = CodecStack.load(tiny_codec_dir).layout
     pack = pack_tokens({"train": [], "val": [{"text": torch.tensor([1, 2])}]}, layout,

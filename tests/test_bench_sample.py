@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from inference.bench_sample import REFERENCE, bench_sample, format_table, parse_direction, save_report
-from unimodal.errors import InputError
+from unimodal.inference.bench_sample import REFERENCE, bench_sample, format_table, parse_direction, save_report
+from unimodal.core.errors import InputError
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def _row(direction, setting, passes, tpf, quality, speedup=3.0):
 
 
 def test_target_checks_read_the_issue_rules_off_the_rows():
-    from inference.bench_sample import target_checks
+    from unimodal.inference.bench_sample import target_checks
 
     rows = [_row("text->image", REFERENCE, 64, 1.0, 0.90), _row("text->image", "steps=8", 8, 8.0, 0.88),
             _row("text->image", "steps=4", 4, 16.0, 0.95), _row("image->text", REFERENCE, 20, 1.0, 0.80),
@@ -145,7 +145,7 @@ def test_cli_bench_sample_without_the_cache_check(tiny_model_dir, tmp_path, caps
 
 
 def test_paired_difference_of_verdicts():
-    from inference.bench_sample import paired_difference, target_checks
+    from unimodal.inference.bench_sample import paired_difference, target_checks
 
     reference = [1, 1, 0, 0, None] * 20
     same = paired_difference(reference, reference)

@@ -121,7 +121,7 @@ def test_serve_stdio_answers_each_line_and_survives_bad_requests(model_dir, tmp_
 
 
 def test_every_direction_demo_writes_its_files(tiny_model_dir, tmp_path):
-    from demos.every_direction import main as demo
+    from unimodal.demos.every_direction import main as demo
 
     demo(["--model", str(tiny_model_dir), "--out", str(tmp_path / "demo"), "--caption", "a red circle"])
     for name in ("text_to_image.png", "text_to_audio.wav", "image_to_text.txt", "audio_to_image.png",
@@ -144,10 +144,10 @@ def test_codec_train_refuses_options_of_another_codec(tmp_path, capsys):
 
 
 def test_vocoder_fine_tuning_gets_its_own_defaults_and_flags_win(tmp_path, capsys, monkeypatch):
-    import training.vocoder
+    import unimodal.training.vocoder
 
     seen = []
-    monkeypatch.setattr(training.vocoder, "train_vocoder", lambda codec, out, cfg, resume: seen.append(cfg))
+    monkeypatch.setattr(unimodal.training.vocoder, "train_vocoder", lambda codec, out, cfg, resume: seen.append(cfg))
     run(capsys, "codec", "train", "vocoder", "--codec", tmp_path, "--out", tmp_path / "a")
     run(capsys, "codec", "train", "vocoder", "--codec", tmp_path, "--out", tmp_path / "b", "--init-from", tmp_path)
     run(capsys, "codec", "train", "vocoder", "--codec", tmp_path, "--out", tmp_path / "c", "--init-from", tmp_path,
@@ -160,14 +160,14 @@ def test_vocoder_fine_tuning_gets_its_own_defaults_and_flags_win(tmp_path, capsy
 
 
 def test_train_tasks_flag_sets_the_mixture_and_refuses_bad_pairs(tmp_path, capsys, monkeypatch):
-    import training.train
+    import unimodal.training.train
 
     seen = []
-    monkeypatch.setattr(training.train, "train", lambda out, data, codecs, cfg, resume, options=None: seen.append(cfg) or out)
+    monkeypatch.setattr(unimodal.training.train, "train", lambda out, data, codecs, cfg, resume, options=None: seen.append(cfg) or out)
     run(capsys, "train", "--out", tmp_path / "a", "--tasks", "text->image=3, image->text=2")
     run(capsys, "train", "--out", tmp_path / "b")
     assert seen[0].task_weights == {"text->image": 3.0, "image->text": 2.0}
-    assert seen[1].task_weights == training.train.TrainConfig().task_weights
+    assert seen[1].task_weights == unimodal.training.train.TrainConfig().task_weights
     for bad, message in (("text->image", "TASK=WEIGHT"), ("text->picture=1", "text->picture"),
                          ("text->image=-1", ">= 0")):
         with pytest.raises(SystemExit) as exit_info:  # argparse: usage line and the message, exit status 2

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from inference.critique import (Draft, TargetForward, audio_region, confidence_scores, flagged, image_region,
+from unimodal.inference.critique import (Draft, TargetForward, audio_region, confidence_scores, flagged, image_region,
                                 learned_scores, make_draft, random_scores, region_indices, regions_from_flags,
                                 remasked, sample_score, score_groups, text_offsets)
-from inference.refine import RefineConfig
-from tokenizers_mm.layout import MASK, Layout
-from unimodal.errors import InputError
+from unimodal.inference.refine import RefineConfig
+from unimodal.tokenizers_mm.layout import MASK, Layout
+from unimodal.core.errors import InputError
 
 from conftest import random_tiny_dit, write_tiny_model  # noqa: E402
 
@@ -342,7 +342,7 @@ def test_bench_refine_command(tiny_codec_dir, tmp_path, capsys):
 
 
 def test_bench_refine_repair_mode_and_auroc(tiny_codec_dir, tmp_path, capsys):
-    from inference.bench_refine import auroc
+    from unimodal.bench_refine import auroc
 
     assert auroc(np.array([0.1, 0.2, 0.9, 0.8]), np.array([True, True, False, False])) == 1.0
     assert auroc(np.array([0.5, 0.5]), np.array([True, False])) == 0.5

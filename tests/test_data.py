@@ -5,15 +5,15 @@ import pytest
 import soundfile as sf
 from PIL import Image
 
-from training.data import BuiltDataset
-from training.data.build import build, scene_split_sizes
-from training.data.digits import split_indices
-from training.data.folder import FolderDataset
-from training.data.scenes import HELDOUT_PAIRS, make_sample
-from training.data.speech import SAMPLE_RATE, Voice, is_speech, synthesize
+from unimodal.training.data import BuiltDataset
+from unimodal.training.data.build import build, scene_split_sizes
+from unimodal.training.data.digits import split_indices
+from unimodal.training.data.folder import FolderDataset
+from unimodal.training.data.scenes import HELDOUT_PAIRS, make_sample
+from unimodal.training.data.speech import SAMPLE_RATE, Voice, is_speech, synthesize
 from unimodal.cli import main as cli_main
-from unimodal.errors import DataError, InputError, ManifestError, UnimodalError
-from unimodal.grammar import (COLORS, SHAPES, digit_caption, parse_digit_caption, parse_scene_caption,
+from unimodal.core.errors import DataError, InputError, ManifestError, UnimodalError
+from unimodal.core.grammar import (COLORS, SHAPES, digit_caption, parse_digit_caption, parse_scene_caption,
                               scene_caption, scenes_equal)
 
 

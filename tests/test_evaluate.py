@@ -5,14 +5,14 @@ import json
 import numpy as np
 import pytest
 
-from inference.evaluate import (EvalCase, Judges, caption_correct, evaluate, joint_consistency, judge_image,
+from unimodal.inference.evaluate import (EvalCase, Judges, caption_correct, evaluate, joint_consistency, judge_image,
                                 model_hash, summarize)
-from inference.judges import word_error_rate
-from training.data.scenes import make_sample
+from unimodal.judges import word_error_rate
+from unimodal.training.data.scenes import make_sample
 from unimodal.cli import main
-from unimodal.errors import InputError
+from unimodal.core.errors import InputError
 from unimodal.eval_cases import load_cases
-from unimodal.grammar import COLORS
+from unimodal.core.grammar import COLORS
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +136,8 @@ def test_evaluate_refuses_no_cases():
 
 
 def test_versus_ar_compares_both_models_on_the_same_prompts(tiny_codec_dir, caption_model, tmp_path, capsys):
-    from training.data.store import Sample, write_info, write_split
-    from training.train import TrainConfig, train
+    from unimodal.training.data.store import Sample, write_info, write_split
+    from unimodal.training.train import TrainConfig, train
 
     cfg = TrainConfig(preset="tiny", steps=1, batch_size=2, warmup=1, val_every=1, val_samples=1, checkpoint_every=1,
                       bf16=False, objective="ar", task_weights={"text->image": 1.0, "image->text": 1.0})
@@ -171,7 +171,7 @@ def test_versus_ar_compares_both_models_on_the_same_prompts(tiny_codec_dir, capt
 
 
 def test_matched_speedup_picks_the_fastest_setting_as_good_as_the_twin():
-    from inference.versus import matched_speedup
+    from unimodal.inference.versus import matched_speedup
 
     def row(name, wall, verdicts):
         return {"contender": name, "wall_s_per_sample": wall, "quality": sum(verdicts) / len(verdicts),
@@ -191,8 +191,8 @@ def test_matched_speedup_picks_the_fastest_setting_as_good_as_the_twin():
 
 
 def test_data_efficiency_trains_both_objectives_and_judges_every_snapshot(tiny_codec_dir, tmp_path):
-    from training.data_efficiency import EfficiencyConfig, format_report, run_data_efficiency
-    from training.data.store import Sample, write_info, write_split
+    from unimodal.data_efficiency import EfficiencyConfig, format_report, run_data_efficiency
+    from unimodal.training.data.store import Sample, write_info, write_split
 
     scenes, _ = load_cases("scenes", "test", 6, speech=False)
     data = tmp_path / "de-scenes"
@@ -212,7 +212,7 @@ def test_data_efficiency_trains_both_objectives_and_judges_every_snapshot(tiny_c
 
 
 def test_directions_parse_and_a_bad_one_says_what_is_known():
-    from inference.evaluate import parse_direction
+    from unimodal.inference.evaluate import parse_direction
 
     assert parse_direction("audio->image") == (("audio",), ("image",))
     assert parse_direction("joint") == ((), ("text", "image", "audio"))

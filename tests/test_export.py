@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from training.export import export_codecs, export_model
-from training.tokens import CodecStack
-from unimodal.errors import DataError
+from unimodal.training.export import export_codecs, export_model
+from unimodal.training.tokens import CodecStack
+from unimodal.core.errors import DataError
 
 
 def _weights(folder):
@@ -55,7 +55,7 @@ def test_exported_model_loads_and_refuses_a_non_model(tiny_model_dir, tmp_path):
 
 
 def test_int8_export_stores_matrices_in_int8_and_loads_back_within_half_a_step(tiny_model_dir, tmp_path):
-    from unimodal.int8 import INT8_FILE, SCALE_SUFFIX, dequantize_state, quantize_state
+    from unimodal.core.int8 import INT8_FILE, SCALE_SUFFIX, dequantize_state, quantize_state
     from unimodal.pipeline import UniModal
 
     out = export_model(tiny_model_dir, tmp_path / "int8", int8=True)

@@ -44,8 +44,8 @@ def _dummy_wheel(folder: Path) -> Path:
 
 @pytest.mark.slow
 def test_gpu_script_trains_from_a_pack_and_returns_at_most_eight_files(tiny_codec_dir, tiny_scenes, tmp_path):
-    from training.export import export_model
-    from training.pack import build_pack
+    from unimodal.training.export import export_model
+    from unimodal.training.pack import build_pack
 
     pack = build_pack([str(tiny_scenes)], tiny_codec_dir, tmp_path / "data.pack.safetensors", progress=False)
     (tmp_path / "bare").mkdir()

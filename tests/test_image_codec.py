@@ -2,11 +2,11 @@ import numpy as np
 import pytest
 import torch
 
-from tokenizers_mm import get_codec_class
-from tokenizers_mm.image import CosineEMAQuantizer, ImageCodec, ImageVQModel
-from training.checkpoint import load_checkpoint
-from training.codec_image import ImageCodecTrainConfig, evaluate_image_codec, train_image_codec, training_batch
-from unimodal.errors import InputError
+from unimodal.tokenizers_mm import get_codec_class
+from unimodal.tokenizers_mm.image import CosineEMAQuantizer, ImageCodec, ImageVQModel
+from unimodal.training.checkpoint import load_checkpoint
+from unimodal.training.codec_image import ImageCodecTrainConfig, evaluate_image_codec, train_image_codec, training_batch
+from unimodal.core.errors import InputError
 
 TINY = dict(block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=4, latent_channels=8,
             vq_embed_dim=4, num_vq_embeddings=32)
@@ -79,7 +79,7 @@ def test_quantizer_ema_pulls_codes_to_data_and_restarts_dead_codes():
 
 
 def test_killed_training_resumes_to_the_same_weights(tmp_path, monkeypatch):
-    import training.codec_image as ci
+    import unimodal.training.codec_image as ci
 
     cfg = ImageCodecTrainConfig(steps=4, batch_size=2, checkpoint_every=2, warmup=1, model=dict(TINY))
     straight = train_image_codec(tmp_path / "a", cfg, progress=False)

@@ -5,11 +5,11 @@ import sys
 import numpy as np
 import pytest
 
-from inference.judges import (DigitJudge, SceneJudge, SpeechJudge, calibrate, digit_split_indices, normalize_text,
+from unimodal.judges import (DigitJudge, SceneJudge, SpeechJudge, calibrate, digit_split_indices, normalize_text,
                               render_digits, word_error_rate)
-from training.data.scenes import make_sample
-from unimodal.errors import InputError, MissingDependencyError
-from unimodal.grammar import COLORS, SIZES, canonical_scene, scenes_equal
+from unimodal.training.data.scenes import make_sample
+from unimodal.core.errors import InputError, MissingDependencyError
+from unimodal.core.grammar import COLORS, SIZES, canonical_scene, scenes_equal
 
 cv2 = pytest.importorskip("cv2")
 

@@ -11,11 +11,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenizers_mm import layout as lay
-from tokenizers_mm.layout import (BOI, BOT, EOI, EOS, EOT, MASK, MODALITIES, NUM_SPECIAL, PAD, SEG_AUDIO, SEG_IMAGE,
+from unimodal.tokenizers_mm import layout as lay
+from unimodal.tokenizers_mm.layout import (BOI, BOT, EOI, EOS, EOT, MASK, MODALITIES, NUM_SPECIAL, PAD, SEG_AUDIO, SEG_IMAGE,
                                   SEG_PAD, SEG_TEXT, SPECIAL_TOKENS, Layout, Segment, collate)
-from tokenizers_mm.text import TextCodec
-from unimodal.errors import DataError, InputError
+from unimodal.tokenizers_mm.text import TextCodec
+from unimodal.core.errors import DataError, InputError
 
 ROWS, COLS = 8, 8
 

@@ -18,7 +18,7 @@ pytest.importorskip("mcp")
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 from conftest import write_tiny_model  # noqa: E402
-from unimodal.grammar import known_vocabulary  # noqa: E402
+from unimodal.core.grammar import known_vocabulary  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

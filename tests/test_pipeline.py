@@ -12,11 +12,11 @@ import soundfile as sf
 import torch
 from PIL import Image
 
-from backbone.dit import DiT
-from inference.sampler import Request, SamplerConfig, generate, masked_after_step
-from inference.schedulers import MaskedDiffusionScheduler
-from tokenizers_mm.layout import EOT, MASK, PAD, Layout
-from unimodal.errors import DataError, InputError
+from unimodal.backbone.dit import DiT
+from unimodal.inference.sampler import Request, SamplerConfig, generate, masked_after_step
+from unimodal.inference.schedulers import MaskedDiffusionScheduler
+from unimodal.tokenizers_mm.layout import EOT, MASK, PAD, Layout
+from unimodal.core.errors import DataError, InputError
 
 from conftest import TASKS, random_tiny_dit  # noqa: E402
 
@@ -72,7 +72,7 @@ def test_scheduler_config_round_trip_and_checks(tmp_path):
 
 
 def test_scheduler_defaults_per_generated_modality(tmp_path):
-    from inference.schedulers import DEFAULT_TARGET_SETTINGS
+    from unimodal.inference.schedulers import DEFAULT_TARGET_SETTINGS
 
     scheduler = MaskedDiffusionScheduler()
     image, text = scheduler.sampler_config("image"), scheduler.sampler_config("text")
@@ -164,7 +164,7 @@ def test_semi_ar_step_opens_blocks_left_to_right(dit):
 
 
 def test_loads_a_training_model_folder(pipe, tiny_model_dir):
-    from tokenizers_mm.layout import Layout as LayoutClass
+    from unimodal.tokenizers_mm.layout import Layout as LayoutClass
 
     assert isinstance(pipe.backbone, DiT) and not pipe.backbone.training
     assert isinstance(pipe.scheduler, MaskedDiffusionScheduler)

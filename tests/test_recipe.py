@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from backbone.dit import DiT
-from tokenizers_mm.layout import PAD, Layout
-from training.hardware import cpu_has_bf16_units, resolve_device, use_bf16
-from training.objective import (LossSpec, TargetVocab, complementary_masks, mask_targets, masked_diffusion_loss, sparse_diffusion_loss,
+from unimodal.backbone.dit import DiT
+from unimodal.tokenizers_mm.layout import PAD, Layout
+from unimodal.training.hardware import cpu_has_bf16_units, resolve_device, use_bf16
+from unimodal.training.objective import (LossSpec, TargetVocab, complementary_masks, mask_targets, masked_diffusion_loss, sparse_diffusion_loss,
                                 token_weight)
-from training.schedule import MaskSchedule
-from training.tasks import Task, build_example, collate_examples
-from training.train import Deadline, RunOptions, TrainConfig, step_loss, train
-from unimodal.errors import DataError, InputError
+from unimodal.training.schedule import MaskSchedule
+from unimodal.training.tasks import Task, build_example, collate_examples
+from unimodal.training.train import Deadline, RunOptions, TrainConfig, step_loss, train
+from unimodal.core.errors import DataError, InputError
 
 
 def _layout():
@@ -141,9 +141,9 @@ def _cfg(**kw):
 
 
 def test_pack_round_trip_and_training_from_a_pack_without_codecs(tiny_codec_dir, tiny_scenes, tmp_path):
-    from training.export import export_model
-    from training.pack import build_pack, load_pack
-    from training.tokens import CodecStack, tokenized_split
+    from unimodal.training.export import export_model
+    from unimodal.training.pack import build_pack, load_pack
+    from unimodal.training.tokens import CodecStack, tokenized_split
 
     path = build_pack([str(tiny_scenes)], tiny_codec_dir, tmp_path / "tiny.pack.safetensors", progress=False)
     pack = load_pack(path)

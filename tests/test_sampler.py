@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from backbone import DiT
-from inference.sampler import Request, SamplerConfig, generate, masked_after_step
-from tokenizers_mm.layout import BOT, EOT, MASK, PAD, Layout
-from unimodal.errors import InputError
+from unimodal.backbone import DiT
+from unimodal.inference.sampler import Request, SamplerConfig, generate, masked_after_step
+from unimodal.tokenizers_mm.layout import BOT, EOT, MASK, PAD, Layout
+from unimodal.core.errors import InputError
 
 LAYOUT = Layout(text_vocab_size=300, image_codebook_size=32, audio_codebook_size=32, audio_frame_rate=15.6,
                 max_text_len=16, max_audio_len=24)

@@ -14,7 +14,7 @@ import soundfile as sf
 from PIL import Image
 
 from unimodal.checks_refine import check_refine_request
-from unimodal.errors import InputError, InputFileError, OutputPathError, SettingError
+from unimodal.core.errors import InputError, InputFileError, OutputPathError, SettingError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT = "a small red circle on the left"
@@ -112,7 +112,7 @@ def test_checks_import_no_torch():
 
 
 def test_the_critic_names_mirror_the_critics():
-    from inference.critique import CRITICS
+    from unimodal.inference.critique import CRITICS
     from unimodal.checks_refine import CRITICS as CHECKED
 
     assert set(CHECKED) == set(CRITICS)

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from training.data.scenes import make_sample
-from training.tokens import CodecStack
-from unimodal.paths import PACKAGE_DIR, default_codecs_dir
+from unimodal.training.data.scenes import make_sample
+from unimodal.training.tokens import CodecStack
+from unimodal.core.paths import PACKAGE_DIR, default_codecs_dir
 
 
 def test_new_models_train_with_the_packaged_codec_set():

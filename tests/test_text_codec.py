@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenizers_mm import CODECS, Codec, get_codec_class
-from tokenizers_mm.text import TextCodec, caption_corpus, default_corpus, normalize
+from unimodal.tokenizers_mm import CODECS, Codec, get_codec_class
+from unimodal.tokenizers_mm.text import TextCodec, caption_corpus, default_corpus, normalize
 from unimodal import grammar
-from unimodal.errors import DataError, InputError
+from unimodal.core.errors import DataError, InputError
 
 TINY_VOCAB = 400
 

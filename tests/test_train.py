@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from backbone.dit import DiT
-from tokenizers_mm.layout import MASK
-from training.objective import mask_targets, masked_diffusion_loss
-from training.schedule import MaskSchedule
-from training.tasks import Task, TaskMixture, build_example, collate_examples
-from training.tokens import CodecStack, tokenized_split
-from training.train import TrainConfig, global_batch_indices, step_loss, train
-from unimodal.errors import InputError
+from unimodal.backbone.dit import DiT
+from unimodal.tokenizers_mm.layout import MASK
+from unimodal.training.objective import mask_targets, masked_diffusion_loss
+from unimodal.training.schedule import MaskSchedule
+from unimodal.training.tasks import Task, TaskMixture, build_example, collate_examples
+from unimodal.training.tokens import CodecStack, tokenized_split
+from unimodal.training.train import TrainConfig, global_batch_indices, step_loss, train
+from unimodal.core.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -112,7 +112,7 @@ def _tiny_cfg(**kw):
 
 
 def test_train_writes_model_and_resumes_exactly_after_a_kill(tiny_codec_dir, tiny_scenes, tmp_path, monkeypatch):
-    import training.train as tr
+    import unimodal.training.train as tr
 
     straight = train(tmp_path / "a", [str(tiny_scenes)], tiny_codec_dir, _tiny_cfg(), progress=False)
     for part in ("backbone/config.json", "layout.json", "text", "image", "audio", "training_config.json"):
@@ -181,7 +181,7 @@ def test_token_cache_is_reused(tiny_codec_dir, tiny_scenes):
 def test_two_processes_agree_on_weights(tiny_codec_dir, tiny_scenes, tmp_path):
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-           "-m", "training.train", "--preset", "tiny", "--data", str(tiny_scenes), "--codecs", str(tiny_codec_dir),
+           "-m", "unimodal.training.train", "--preset", "tiny", "--data", str(tiny_scenes), "--codecs", str(tiny_codec_dir),
            "--out", str(tmp_path / "ddp"), "--steps", "2", "--batch-size", "4", "--val-every", "2", "--no-bf16"]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -210,7 +210,7 @@ def test_training_on_a_users_manifest(tiny_codec_dir, tmp_path):
 
 
 def test_length_grouped_micro_batches_cut_padding(tiny_codec_dir):
-    from training.train import length_grouped
+    from unimodal.training.train import length_grouped
 
     layout = CodecStack.load(tiny_codec_dir).layout
     tokens = {"text": torch.tensor([1, 2, 3]), "image": torch.arange(64) % 32, "audio": torch.arange(10) % 32}
@@ -223,7 +223,7 @@ def test_length_grouped_micro_batches_cut_padding(tiny_codec_dir):
 
 
 def test_resume_keeps_the_runs_config_unless_steps_are_given(tmp_path):
-    from training.checkpoint import cli_config, resumed_config, save_atomic
+    from unimodal.training.checkpoint import cli_config, resumed_config, save_atomic
 
     assert cli_config(TrainConfig, tmp_path, resume=True, steps=None, lr=1e-3).lr == 1e-3  # nothing to resume yet
     save_atomic({"config": {**TrainConfig(lr=5e-4, steps=10).__dict__, "retired_field": 1}, "step": 3},
@@ -239,7 +239,7 @@ def test_resume_keeps_the_runs_config_unless_steps_are_given(tmp_path):
 
 
 def test_bench_train_reports_throughput_and_mfu():
-    from training.bench import bench_train, format_result
+    from unimodal.training.bench import bench_train, format_result
 
     result = bench_train("tiny", batch_size=4, steps=1, bf16=False, grad_accum=2)
     assert result.tokens_per_s > 0 and 0 < result.mfu < 1 and 0 < result.real_token_fraction <= 1

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from tokenizers_mm.audio import AudioCodec
-from tokenizers_mm.vocoder import MelVocoder
-from training.vocoder import VocoderTrainConfig, attach_vocoder, stft_loss, train_vocoder
-from unimodal.errors import InputError
+from unimodal.tokenizers_mm.audio import AudioCodec
+from unimodal.tokenizers_mm.vocoder import MelVocoder
+from unimodal.training.vocoder import VocoderTrainConfig, attach_vocoder, stft_loss, train_vocoder
+from unimodal.core.errors import InputError
 
 TINY = dict(channels=32, hidden=64, num_blocks=1)
 
@@ -64,7 +64,7 @@ def test_the_pipeline_carries_the_vocoder(tiny_codec_dir, tmp_path):
 
 
 def test_a_vocoder_for_another_mel_geometry_is_refused(tiny_codec_dir, tmp_path):
-    from unimodal.errors import DataError
+    from unimodal.core.errors import DataError
 
     MelVocoder(n_mels=40, **TINY).save_pretrained(tmp_path / "other")
     codec_dir = tmp_path / "audio"

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import importlib
 
-from tokenizers_mm.base import Codec
-from unimodal.errors import InputError
+from unimodal.tokenizers_mm.base import Codec
+from unimodal.core.errors import InputError
 
 CODECS: dict[str, str] = {
-    "text": "tokenizers_mm.text:TextCodec",
-    "image": "tokenizers_mm.image:ImageCodec",
-    "audio": "tokenizers_mm.audio:AudioCodec",
+    "text": "unimodal.tokenizers_mm.text:TextCodec",
+    "image": "unimodal.tokenizers_mm.image:ImageCodec",
+    "audio": "unimodal.tokenizers_mm.audio:AudioCodec",
 }
 
 

@@ -2,8 +2,8 @@
 
 Pipeline: waveform -> 80-bin log-mel (n_fft 1024, hop 256: 62.5 frames/s) -> a small 1-D convolutional
 encoder that halves time ``num_down`` times (1: one code per 2 mel frames, 32 ms; 2: per 4 frames, 64 ms) ->
-codes from a cosine/EMA codebook (the image codec's :class:`~tokenizers_mm.image.CosineEMAQuantizer`) -> a
-convolutional decoder back to log-mel -> waveform by a trained vocoder (:mod:`tokenizers_mm.vocoder`, attached
+codes from a cosine/EMA codebook (the image codec's :class:`~unimodal.tokenizers_mm.image.CosineEMAQuantizer`) -> a
+convolutional decoder back to log-mel -> waveform by a trained vocoder (:mod:`unimodal.tokenizers_mm.vocoder`, attached
 to the codec folder) or, without one, torchaudio's ``InverseMelScale`` + ``GriffinLim``, which needs no
 training: on an 80-bin mel it keeps Whisper's word error rate near the original's (64 bins lose a lot).
 
@@ -28,9 +28,9 @@ from diffusers import ModelMixin
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from torch import nn
 
-from tokenizers_mm.image import CosineEMAQuantizer
-from unimodal.errors import DataError, InputError
-from unimodal.int8 import load_pretrained
+from unimodal.tokenizers_mm.image import CosineEMAQuantizer
+from unimodal.core.errors import DataError, InputError
+from unimodal.core.int8 import load_pretrained
 
 SAMPLE_RATE = 16_000
 SILENCE_CODE = 0
@@ -240,7 +240,7 @@ class AudioCodec:
     VOCODER = "vocoder"
 
     def __init__(self, model: AudioVQModel, vocoder=None):
-        """``vocoder``: a trained :class:`tokenizers_mm.vocoder.MelVocoder` to turn mels into waveforms;
+        """``vocoder``: a trained :class:`unimodal.tokenizers_mm.vocoder.MelVocoder` to turn mels into waveforms;
         None: Griffin-Lim."""
         self.model = model.eval()
         self.frontend = model.frontend()
@@ -341,7 +341,7 @@ class AudioCodec:
             raise InputError(f"{directory} holds no audio codec (expected a {cls.WEIGHTS}/ folder)")
         vocoder = None
         if (directory / cls.VOCODER).is_dir():
-            from tokenizers_mm.vocoder import MelVocoder, check_vocoder_fits
+            from unimodal.tokenizers_mm.vocoder import MelVocoder, check_vocoder_fits
 
             vocoder = load_pretrained(MelVocoder, directory / cls.VOCODER)
         model = load_pretrained(AudioVQModel, directory / cls.WEIGHTS)

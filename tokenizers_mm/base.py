@@ -2,7 +2,7 @@
 
 A codec turns a batch of native data (strings, images, waveforms) into discrete *local* ids in
 ``[0, codebook_size)`` and back. Local ids are mapped into the one shared vocabulary by
-:mod:`tokenizers_mm.layout`; a codec never sees special tokens or the other modalities.
+:mod:`unimodal.tokenizers_mm.layout`; a codec never sees special tokens or the other modalities.
 
 ``encode`` returns one LongTensor per batch element when lengths vary (text, audio) and one stacked
 LongTensor when they do not (image codes); ``decode`` accepts what ``encode`` returns.

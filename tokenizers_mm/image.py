@@ -28,8 +28,8 @@ from diffusers.configuration_utils import register_to_config
 from PIL import Image
 from torch import nn
 
-from unimodal.errors import InputError
-from unimodal.int8 import load_pretrained
+from unimodal.core.errors import InputError
+from unimodal.core.int8 import load_pretrained
 
 
 class CosineEMAQuantizer(nn.Module):

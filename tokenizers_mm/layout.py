@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from unimodal.errors import DataError, InputError
+from unimodal.core.errors import DataError, InputError
 
 # Special tokens. New markers take reserved ids, so adding a modality never shifts the ids of a trained model.
 PAD = 0  # filler after a segment's END marker, and batch padding (with SEG_PAD)

@@ -8,7 +8,7 @@ refer to the caller's original, un-normalised string.
 The pre-tokenizer splits on word boundaries (GPT-2 rule), so merges never cross a space: every caption word
 stays its own token (" red", " triangle"), which keeps colour/shape compositional and text edits word-aligned.
 
-The codec adds no special tokens: ``tokenizers_mm.layout`` wraps text in its begin/end markers.
+The codec adds no special tokens: ``unimodal.tokenizers_mm.layout`` wraps text in its begin/end markers.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from unimodal.errors import DataError, InputError
+from unimodal.core.errors import DataError, InputError
 
 # Measured on default_corpus(): grammar words are whole tokens at any size >= 1024, so a scene caption is
 # 11.9 tokens (= its words) and a digit caption 3.9 (2048: 6.6, "handwritten" split); a held-out Faker
@@ -148,7 +148,7 @@ class TextCodec:
 
 def caption_corpus() -> list[str]:
     """Every caption the grammar can produce: all scene captions (one and two objects) and digit captions."""
-    from unimodal import grammar
+    from unimodal.core import grammar
 
     objects = [{"shape": s, "color": c, "size": z}
                for s, c, z in itertools.product(grammar.SHAPES, grammar.COLORS, grammar.SIZES)]

@@ -55,7 +55,7 @@ class MelVocoder(ModelMixin, ConfigMixin):
     def forward(self, log_mel: torch.Tensor) -> torch.Tensor:
         c = self.config
         if log_mel.ndim != 3 or log_mel.shape[1] != c.n_mels or log_mel.shape[2] < 2:
-            from unimodal.errors import InputError
+            from unimodal.core.errors import InputError
 
             raise InputError(f"the vocoder reads (batch, {c.n_mels}, frames >= 2) log-mels, got shape "
                              f"{tuple(log_mel.shape)}")
@@ -76,7 +76,7 @@ class MelVocoder(ModelMixin, ConfigMixin):
 
 def check_vocoder_fits(vq, vocoder: MelVocoder, name: str) -> None:
     """A vocoder serves an audio codec only with the same mel geometry (bins, FFT size, hop)."""
-    from unimodal.errors import DataError
+    from unimodal.core.errors import DataError
 
     for key in ("n_mels", "n_fft", "hop_length"):
         if getattr(vq.config, key) != getattr(vocoder.config, key):

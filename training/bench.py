@@ -2,7 +2,7 @@
 
 The peak is measured in the same run, the same way, with the same threads: a large square matmul in
 float32 and in bfloat16. MFU is the model's useful FLOPs (forward + backward = 3x the forward FLOPs of
-:func:`backbone.dit.flops_per_token`) per second, divided by the bf16 peak when training runs under bf16
+:func:`unimodal.backbone.dit.flops_per_token`) per second, divided by the bf16 peak when training runs under bf16
 autocast (else the fp32 peak).
 """
 
@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from backbone.dit import DiT, flops_per_token
-from tokenizers_mm.layout import Layout
-from training.schedule import MaskSchedule
-from training.tasks import Task, build_example, collate_examples
-from training.objective import LossSpec, TargetVocab
-from training.train import CompiledForward, length_grouped, step_loss
+from unimodal.backbone.dit import DiT, flops_per_token
+from unimodal.tokenizers_mm.layout import Layout
+from unimodal.training.schedule import MaskSchedule
+from unimodal.training.tasks import Task, build_example, collate_examples
+from unimodal.training.objective import LossSpec, TargetVocab
+from unimodal.training.train import CompiledForward, length_grouped, step_loss
 
 
 @dataclass
@@ -164,7 +164,7 @@ def summarize_run(run_dir, skip: int = 30) -> dict:
     tokens_per_s = float(np.median([h["tokens_per_s"] for h in timed]))
     per_example = float(np.median([h["tokens_per_example"] for h in timed]))
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    from training.hardware import use_bf16
+    from unimodal.training.hardware import use_bf16
 
     bf16 = use_bf16(training.get("bf16"), device)[0]
     peak = device_peak(device, torch.bfloat16 if bf16 else torch.float32)
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     import argparse
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m training.bench", description="training benchmarks")
+    parser = argparse.ArgumentParser(prog="python -m unimodal.training.bench", description="training benchmarks")
     sub = parser.add_subparsers(dest="cmd", required=True)
     summary = sub.add_parser("summarize", help="tokens/s and MFU of a finished run (its history.json)")
     summary.add_argument("run", help="the run folder (--out of the training command)")

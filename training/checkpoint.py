@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from unimodal.errors import DataError
+from unimodal.core.errors import DataError
 
 
 def save_atomic(state: dict, path: str | os.PathLike) -> None:

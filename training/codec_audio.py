@@ -1,4 +1,4 @@
-"""Train the audio codec (``tokenizers_mm.audio``) from scratch on phonetically diverse eSpeak speech.
+"""Train the audio codec (``unimodal.tokenizers_mm.audio``) from scratch on phonetically diverse eSpeak speech.
 
 Why not captions alone: a codec trained only on the caption grammar memorises its few hundred words and
 garbles everything else (measured: Whisper WER ~1.0 on ordinary sentences). The training pool mixes Faker
@@ -36,10 +36,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from tokenizers_mm.audio import AudioCodec, AudioVQModel, MelFrontend, trim_silence
-from training.checkpoint import load_checkpoint, restore, resumed_config, save_atomic
-from training.optim import warmup_cosine
-from unimodal.errors import DataError
+from unimodal.tokenizers_mm.audio import AudioCodec, AudioVQModel, MelFrontend, trim_silence
+from unimodal.training.checkpoint import load_checkpoint, restore, resumed_config, save_atomic
+from unimodal.training.optim import warmup_cosine
+from unimodal.core.errors import DataError
 
 DEFAULT_MODEL = dict(encoder_channels=192, decoder_channels=256, dilations=(1, 3), num_down=1, embed_dim=16,
                      num_codes=512)
@@ -66,8 +66,8 @@ class AudioCodecTrainConfig:
 # ------------------------------------------------------------------------------------------------ training data
 
 def _grammar_caption(rng: np.random.Generator) -> str:
-    from training.data.scenes import sample_attributes
-    from unimodal import grammar
+    from unimodal.training.data.scenes import sample_attributes
+    from unimodal.core import grammar
 
     if rng.random() < 0.15:
         return grammar.digit_caption(int(rng.integers(10)), int(rng.integers(len(grammar.DIGIT_TEMPLATES))))
@@ -77,7 +77,7 @@ def _grammar_caption(rng: np.random.Generator) -> str:
 
 def pool_texts(cfg: AudioCodecTrainConfig) -> list[str]:
     """The ``pool_size`` training texts: a pure function of the seed."""
-    from tokenizers_mm.text import faker_corpus
+    from unimodal.tokenizers_mm.text import faker_corpus
     from wordfreq import top_n_list
 
     rng = np.random.default_rng([cfg.seed, 1])
@@ -98,8 +98,8 @@ def pool_texts(cfg: AudioCodecTrainConfig) -> list[str]:
 def build_pool(cfg: AudioCodecTrainConfig, frontend: MelFrontend, silence_log_mel: float,
                progress: bool = True) -> list[torch.Tensor]:
     """Speak every pool text with a random voice -> trimmed log-mel (n_mels, T) float16 tensors."""
-    from training.data.speech import Voice, synthesize
-    from unimodal.errors import SpeechSynthesisError
+    from unimodal.training.data.speech import Voice, synthesize
+    from unimodal.core.errors import SpeechSynthesisError
 
     pool = []
     for i, text in enumerate(tqdm(pool_texts(cfg), desc="speaking the pool", disable=not progress, mininterval=10)):
@@ -270,14 +270,14 @@ def unseen_sentences(n: int) -> list[str]:
 
 
 def _speak_all(texts: list[str], seed: int) -> list[np.ndarray]:
-    from training.data.speech import Voice, synthesize
+    from unimodal.training.data.speech import Voice, synthesize
 
     return [synthesize(t, Voice.random(np.random.default_rng([seed, i]))) for i, t in enumerate(texts)]
 
 
 def _test_captions(n: int, data: str | Path | None) -> tuple[list[str], list[np.ndarray]]:
-    from training.data import BuiltDataset
-    from unimodal.paths import data_dir
+    from unimodal.training.data import BuiltDataset
+    from unimodal.core.paths import data_dir
 
     folder = Path(data) if data else data_dir("scenes", 2000, 0)
     if not folder.is_dir():
@@ -290,7 +290,7 @@ def _test_captions(n: int, data: str | Path | None) -> tuple[list[str], list[np.
 def _wer_rows(judge, texts: list[str], versions: dict[str, list[np.ndarray]],
               subsets: dict[str, slice] | None = None) -> dict:
     """Whisper WER of each version of the clips (and of each named subset), with the first transcripts."""
-    from inference.judges import word_error_rate
+    from unimodal.judges import word_error_rate
 
     rows = {"references": texts[:3]}
     for name, clips in versions.items():
@@ -327,7 +327,7 @@ def evaluate_audio_codec(codec_dir: str | Path, n: int = 300, out: str | Path | 
                          data: str | Path | None = None) -> dict:
     """Whisper WER of original / Griffin-Lim alone / codec on ``n`` test captions and ``n`` unseen sentences,
     codes per second and codebook usage; writes ``report.json`` and a few WAVs to ``out`` when given."""
-    from inference.judges import SpeechJudge
+    from unimodal.judges import SpeechJudge
 
     codec, judge = AudioCodec.from_pretrained(codec_dir), SpeechJudge()
     out = Path(out) if out is not None else None

@@ -1,4 +1,4 @@
-"""Train the image codec (``tokenizers_mm.image``) from scratch on scenes, real digits and photo crops.
+"""Train the image codec (``unimodal.tokenizers_mm.image``) from scratch on scenes, real digits and photo crops.
 
 Two phases: (1) encoder, codebook (EMA, dead-code restarts) and decoder together; (2) for the last
 ``decoder_finetune_fraction`` of the steps, the codes are frozen and only the decoder trains, which sharpens
@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from tokenizers_mm.image import ImageCodec, ImageVQModel, to_pixels
-from training.checkpoint import restore, resumed_config, save_atomic
-from training.optim import warmup_cosine
-from training.data import digits, photos, scenes
+from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel, to_pixels
+from unimodal.training.checkpoint import restore, resumed_config, save_atomic
+from unimodal.training.optim import warmup_cosine
+from unimodal.training.data import digits, photos, scenes
 
 DEFAULT_MODEL = dict(block_out_channels=(32, 64, 128, 128), layers_per_block=1, norm_num_groups=16,
                      latent_channels=64, vq_embed_dim=16, num_vq_embeddings=512)
@@ -144,7 +144,7 @@ def heldout_images(n: int) -> dict[str, tuple[np.ndarray, list]]:
 
 
 def _judged(kind: str, originals: np.ndarray, recons: np.ndarray, labels: list) -> dict:
-    from inference.judges import DigitJudge, SceneJudge
+    from unimodal.judges import DigitJudge, SceneJudge
 
     if kind == "scenes":
         judge = SceneJudge()

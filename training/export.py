@@ -11,12 +11,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from backbone.dit import DiT
-from tokenizers_mm import get_codec_class
-from tokenizers_mm.layout import LAYOUT_FILE
-from training.tokens import CODEC_MODALITIES, codec_folder
-from unimodal.errors import DataError
-from unimodal.int8 import convert_folder_to_int8, load_pretrained
+from unimodal.backbone.dit import DiT
+from unimodal.tokenizers_mm import get_codec_class
+from unimodal.tokenizers_mm.layout import LAYOUT_FILE
+from unimodal.training.tokens import CODEC_MODALITIES, codec_folder
+from unimodal.core.errors import DataError
+from unimodal.core.int8 import convert_folder_to_int8, load_pretrained
 
 MODEL_FILES = (LAYOUT_FILE, "training_config.json", "vocabulary.json")
 
@@ -35,7 +35,7 @@ def export_model(model_dir: str | Path, out: str | Path, codecs: str | Path | No
     """A training run's model folder (``OUT/model``) re-saved for shipping: float16 backbone and codecs, the
     layout and training config as they are. Written beside ``out`` and renamed into place. ``codecs``: take
     the codecs from this folder instead (a run on a pack has none); their layout must be the model's. ``int8``:
-    matrices stored as int8 with per-row scales (:mod:`unimodal.int8`), half the float16 size."""
+    matrices stored as int8 with per-row scales (:mod:`unimodal.core.int8`), half the float16 size."""
     model_dir, out = Path(model_dir), Path(out)
     if not (model_dir / "backbone").is_dir() or not (model_dir / LAYOUT_FILE).is_file():
         raise DataError(f"{model_dir} is not a model folder (expected backbone/ and {LAYOUT_FILE}, as "
@@ -58,8 +58,8 @@ def export_model(model_dir: str | Path, out: str | Path, codecs: str | Path | No
 
 def _check_codecs_fit(model_dir: Path, codecs: str | Path) -> None:
     """The codecs must give the layout the model was trained on (same vocabulary sizes, grid, frame rate)."""
-    from tokenizers_mm.layout import Layout
-    from training.tokens import CodecStack
+    from unimodal.tokenizers_mm.layout import Layout
+    from unimodal.training.tokens import CodecStack
 
     trained = Layout.load(model_dir)
     stack = CodecStack.load(codecs, max_text_len=trained.max_text_len, max_audio_len=trained.max_audio_len)

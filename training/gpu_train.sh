@@ -2,7 +2,7 @@
 # Train the model on a bare GPU machine from a pack, in one command, and leave only what must come back.
 #
 #   training/gpu_train.sh --pack FILE.pack.safetensors --out DIR [--wheels DIR] [--minutes M] [--device cuda]
-#                         [-- extra `python -m training.train` arguments, e.g. --preset small --batch-size 512]
+#                         [-- extra `python -m unimodal.training.train` arguments, e.g. --preset small --batch-size 512]
 #
 # The machine needs Python with PyTorch, accelerate and safetensors; diffusers (and anything else missing) comes
 # as wheels in --wheels, installed into a private folder. Nothing is downloaded. The run trains for at most
@@ -58,11 +58,11 @@ print(f"torch {torch.__version__}, CUDA {torch.cuda.is_available()}"
 EOF
 
 set +e
-"$python" -m training.train --data "$pack" --out "$work/run" --device "$device" --max-minutes "$minutes" --fit-steps \
+"$python" -m unimodal.training.train --data "$pack" --out "$work/run" --device "$device" --max-minutes "$minutes" --fit-steps \
   --shard-mb 15 --half-weights --val-every 500 --checkpoint-every 1000000 "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
-"$python" -m training.bench summarize "$work/run" --json "$work/summary.json" 2>&1 | tee -a "$log" || true
+"$python" -m unimodal.training.bench summarize "$work/run" --json "$work/summary.json" 2>&1 | tee -a "$log" || true
 
 # What comes back: the shards, and everything else in one tar (the machine returns at most 8 files).
 if [ -d "$work/run/model/backbone" ]; then

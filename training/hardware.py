@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from unimodal.errors import InputError
+from unimodal.core.errors import InputError
 
 DEVICES = ("auto", "cpu", "cuda")
 BF16_CPU_FLAGS = re.compile(r"\b(avx512_bf16|amx_bf16)\b")

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tokenizers_mm.layout import MASK, MODALITIES, PAD, SEGMENT_IDS, Layout
-from training.schedule import MaskSchedule
+from unimodal.tokenizers_mm.layout import MASK, MODALITIES, PAD, SEGMENT_IDS, Layout
+from unimodal.training.schedule import MaskSchedule
 
 # Per-token weight of a masked token's cross-entropy at mask ratio t.
 WEIGHTINGS = ("elbo", "clipped", "flat")  # 1/t; 1/max(t, CLIP_RATIO) (bounded variance); 1

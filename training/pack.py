@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from tokenizers_mm.layout import Layout
-from unimodal.errors import DataError
+from unimodal.tokenizers_mm.layout import Layout
+from unimodal.core.errors import DataError
 
 PACK_FORMAT = 1
 PACK_SUFFIX = ".pack.safetensors"
@@ -130,8 +130,8 @@ def build_pack(data: list[str], codec_dir: str | Path, out: str | Path, max_audi
                progress: bool = True) -> Path:
     """Tokenise every split of ``data`` (embedded set names, built folders, manifests) with the codecs in
     ``codec_dir`` and write one pack; refuses a pack larger than :data:`MAX_PACK_BYTES`."""
-    from training.tokens import MAX_AUDIO_SECONDS, CodecStack, tokenized_split
-    from training.train import resolve_data
+    from unimodal.training.tokens import MAX_AUDIO_SECONDS, CodecStack, tokenized_split
+    from unimodal.training.data.sources import resolve_data
 
     _checked_out(out)  # refused before the codecs load and every split is encoded
     sources = resolve_data(data)
@@ -143,7 +143,7 @@ def build_pack(data: list[str], codec_dir: str | Path, out: str | Path, max_audi
                 splits.setdefault(split, []).extend(tokenized_split(stack, codec_dir, source, split, progress))
     if "train" not in splits:
         raise DataError(f"{data}: no training split to pack")
-    from training.train import dataset_names
+    from unimodal.training.data.sources import dataset_names
 
     meta = {"codec_fingerprint": stack.fingerprint(codec_dir), "sources": [str(s) for s in sources],
             "datasets": dataset_names(sources),

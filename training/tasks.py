@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tokenizers_mm.layout import Batch, Layout, Packed, Segment, collate
-from unimodal.errors import InputError
+from unimodal.tokenizers_mm.layout import Batch, Layout, Packed, Segment, collate
+from unimodal.core.errors import InputError
 
 MODALITY_NAMES = ("text", "image", "audio")
 

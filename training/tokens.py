@@ -17,12 +17,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from tokenizers_mm import get_codec_class
-from tokenizers_mm.layout import Layout
-from training.checkpoint import load_checkpoint, save_atomic
-from training.data.store import BuiltDataset, Sample
-from unimodal.errors import DataError, InputError
-from unimodal.paths import cache_root
+from unimodal.tokenizers_mm import get_codec_class
+from unimodal.tokenizers_mm.layout import Layout
+from unimodal.training.checkpoint import load_checkpoint, save_atomic
+from unimodal.training.data.store import BuiltDataset, Sample
+from unimodal.core.errors import DataError, InputError
+from unimodal.core.paths import cache_root
 
 CODEC_MODALITIES = ("text", "image", "audio")
 
@@ -117,7 +117,7 @@ def _source_key(source: Path) -> str:
 
 def _load_samples(source: Path, split: str) -> list[Sample]:
     if source.is_file():  # a JSONL manifest of the user's own data
-        from training.data.folder import FolderDataset
+        from unimodal.training.data.folder import FolderDataset
 
         dataset = FolderDataset(source)
         period = round(1 / FOLDER_VAL_FRACTION)

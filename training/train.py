@@ -1,8 +1,8 @@
 """Train the one model: masked diffusion over the shared token space, on accelerate.
 
 ``unimodal train --preset small --data scenes,digits --out DIR`` runs :func:`train`. The same code runs on one
-CPU process, several CPU processes (``ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 -m training.train ...``,
-gloo) and several GPUs (``accelerate launch -m training.train ...``, DDP or FSDP through accelerate's config).
+CPU process, several CPU processes (``ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 -m unimodal.training.train ...``,
+gloo) and several GPUs (``accelerate launch -m unimodal.training.train ...``, DDP or FSDP through accelerate's config).
 
 A step: draw a global batch of samples (a pure function of seed and step, so a resumed run sees the same
 data), give each a task (which segments are conditions, which targets) and maybe drop its condition, mask
@@ -23,16 +23,17 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from backbone.dit import DiT
-from training.checkpoint import resumed_config, save_atomic
-from training.objective import (MASKINGS, NORMALISERS, WEIGHTINGS, LossSpec, TargetVocab, mask_targets, masked_diffusion_loss,
+from unimodal.backbone.dit import DiT
+from unimodal.training.checkpoint import resumed_config, save_atomic
+from unimodal.training.objective import (MASKINGS, NORMALISERS, WEIGHTINGS, LossSpec, TargetVocab, mask_targets, masked_diffusion_loss,
                                 masked_token_accuracy, next_token_accuracy, next_token_loss, sparse_diffusion_loss)
-from training.optim import warmup_cosine
-from training.schedule import MaskSchedule
-from training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, TaskMixture, build_example, collate_examples
-from training.tokens import MAX_AUDIO_SECONDS
-from unimodal.errors import DataError, InputError
-from unimodal.int8 import load_pretrained
+from unimodal.training.optim import warmup_cosine
+from unimodal.training.schedule import MaskSchedule
+from unimodal.training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, TaskMixture, build_example, collate_examples
+from unimodal.training.tokens import MAX_AUDIO_SECONDS
+from unimodal.core.errors import DataError, InputError
+from unimodal.training.data.sources import data_kind, dataset_names, resolve_data
+from unimodal.core.int8 import load_pretrained
 
 OBJECTIVES = ("diffusion", "ar")  # masked diffusion (the model) or next-token prediction (its autoregressive twin)
 VAL_RATIOS = (0.15, 0.35, 0.55, 0.75, 0.95)  # fixed mask ratios of the validation loss (low variance)
@@ -51,10 +52,10 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     ema_decay: float = 0.999
-    bf16: bool | None = None  # None: bf16 autocast where the hardware multiplies bf16 natively (training.hardware)
-    loss_weighting: str = "elbo"  # training.objective.WEIGHTINGS
-    loss_norm: str = "real"  # training.objective.NORMALISERS
-    masking: str = "independent"  # training.objective.MASKINGS (complementary: each sample twice, 2x the rows)
+    bf16: bool | None = None  # None: bf16 autocast where the hardware multiplies bf16 natively (unimodal.training.hardware)
+    loss_weighting: str = "elbo"  # unimodal.training.objective.WEIGHTINGS
+    loss_norm: str = "real"  # unimodal.training.objective.NORMALISERS
+    masking: str = "independent"  # unimodal.training.objective.MASKINGS (complementary: each sample twice, 2x the rows)
     sparse_head: bool = True  # logits only at masked slots, over their modality's ids (False: the first recipe)
     task_weights: dict = field(default_factory=lambda: dict(DEFAULT_TASK_WEIGHTS))
     cond_drop: float = 0.1
@@ -330,7 +331,7 @@ def write_history(out_dir: Path, history: list[dict], objective: str = "diffusio
 def check_data(names: list[str] | tuple[str, ...]) -> None:
     """Refuse a ``--data`` that cannot be trained on before any codec loads or data set builds: none given, an
     entry that names nothing usable, a pack that is not one or does not come alone."""
-    from training.pack import PACK_SUFFIX, check_pack
+    from unimodal.training.pack import PACK_SUFFIX, check_pack
 
     if not names:
         raise InputError("--data is empty; give an embedded set (scenes, digits), a built data set folder, a JSONL "
@@ -341,37 +342,7 @@ def check_data(names: list[str] | tuple[str, ...]) -> None:
         check_pack(names[0])
         return
     for name in names:
-        _data_kind(name)
-
-
-def _data_kind(name: str) -> str:
-    """``embedded``, ``built`` (a folder with info.json) or ``manifest`` (a .jsonl file), else an InputError."""
-    from training.data.build import BUILDERS
-
-    if name in BUILDERS:
-        return "embedded"
-    if (Path(name) / "info.json").exists():
-        return "built"
-    if Path(name).is_file() and str(name).endswith(".jsonl"):
-        return "manifest"
-    raise InputError(f"--data entry {name!r} is neither an embedded set ({', '.join(BUILDERS)}), a built "
-                     f"data set folder (one with info.json) nor a JSONL manifest of your own data")
-
-
-def resolve_data(names: list[str] | tuple[str, ...]) -> list[Path]:
-    """Each entry: an embedded set name (built into the cache on first use), a built data set folder, or a
-    JSONL manifest of the user's own data (see ``training.data.folder``)."""
-    from training.data.build import DEFAULT_N, build
-    from unimodal.paths import data_dir
-
-    dirs = []
-    for name in names:
-        if _data_kind(name) == "embedded":
-            path = data_dir(name, DEFAULT_N[name], 0)
-            dirs.append(path if (path / "info.json").exists() else build(name, out=path))
-        else:
-            dirs.append(Path(name))
-    return dirs
+        data_kind(name)
 
 
 def write_model_folder(directory: Path, model: DiT, ema: EMA, layout, codec_dir: Path | None, cfg: TrainConfig,
@@ -393,14 +364,14 @@ def write_model_folder(directory: Path, model: DiT, ema: EMA, layout, codec_dir:
     shipped.save_pretrained(directory / "backbone", **({"max_shard_size": f"{shard_mb}MB"} if shard_mb else {}))
     layout.save(directory)
     if codec_dir is not None:
-        from training.tokens import CODEC_MODALITIES, codec_folder
+        from unimodal.training.tokens import CODEC_MODALITIES, codec_folder
 
         for modality in CODEC_MODALITIES:
             shutil.copytree(codec_folder(codec_dir, modality), directory / modality, dirs_exist_ok=True)
     with open(directory / "training_config.json", "w") as f:
         json.dump(asdict(cfg), f, indent=2)
     if datasets:
-        from unimodal.grammar import known_vocabulary
+        from unimodal.core.grammar import known_vocabulary
 
         (directory / "vocabulary.json").write_text(json.dumps({"data": datasets, **known_vocabulary()}, indent=2))
     return directory
@@ -411,7 +382,7 @@ def load_initial_weights(model: DiT, source: str | Path, layout, log: bool = Tru
     re-encoded data). Every weight must match in name and shape: a different preset or vocabulary is refused.
     A different layout (e.g. an audio codec with another frame rate but the same codebook size) is allowed and
     reported: the ids it changes start from what they meant before."""
-    from tokenizers_mm.layout import Layout
+    from unimodal.tokenizers_mm.layout import Layout
 
     folder = Path(source)
     if not (folder / "backbone").is_dir():
@@ -437,7 +408,7 @@ def load_initial_weights(model: DiT, source: str | Path, layout, log: bool = Tru
 
 
 def _load_tokens(stack, codec_dir, data_dirs, split, progress):
-    from training.tokens import tokenized_split
+    from unimodal.training.tokens import tokenized_split
 
     tokens = []
     for data_dir in data_dirs:
@@ -458,24 +429,9 @@ class RunData:
     datasets: list[str] | None = None  # names of the embedded sets trained on; None when any data is the user's
 
 
-EMBEDDED_SETS = ("scenes", "digits")
-
-
-def dataset_names(sources: list[Path]) -> list[str] | None:
-    """The embedded set each built data folder holds (its info.json's name); None if any source is not one."""
-    names = []
-    for source in sources:
-        info = source / "info.json"
-        name = json.loads(info.read_text()).get("name") if info.is_file() else None
-        if name not in EMBEDDED_SETS:
-            return None
-        names.append(name)
-    return list(dict.fromkeys(names))
-
-
 def load_run_data(data: list[str], codec_dir, cfg: TrainConfig, accelerator, progress: bool) -> RunData:
     """Ids from one pack (no codecs needed), or encoded from data sets with the codecs (token cache)."""
-    from training.pack import is_pack, load_pack
+    from unimodal.training.pack import is_pack, load_pack
 
     if any(is_pack(d) for d in data):
         if len(data) != 1:
@@ -483,7 +439,7 @@ def load_run_data(data: list[str], codec_dir, cfg: TrainConfig, accelerator, pro
         pack = load_pack(data[0])
         return RunData(pack.layout, pack.splits["train"], pack.splits.get("val", []), None, [str(data[0])],
                        pack.fingerprint, pack.meta.get("datasets"))
-    from training.tokens import CodecStack
+    from unimodal.training.tokens import CodecStack
 
     codec_dir = Path(codec_dir)
     stack = CodecStack.load(codec_dir, max_audio_seconds=cfg.max_audio_seconds)
@@ -535,7 +491,7 @@ def _accelerator(cfg: TrainConfig, options: RunOptions, progress: bool):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    from training.hardware import resolve_device, use_bf16
+    from unimodal.training.hardware import resolve_device, use_bf16
 
     device = resolve_device(options.device)
     bf16, why = use_bf16(cfg.bf16, device)
@@ -699,8 +655,8 @@ def replica_checksums(accelerator, model) -> list[float]:
 
 
 def add_arguments(parser) -> None:
-    """The ``unimodal train`` / ``python -m training.train`` arguments."""
-    from unimodal.paths import default_codecs_dir
+    """The ``unimodal train`` / ``python -m unimodal.training.train`` arguments."""
+    from unimodal.core.paths import default_codecs_dir
 
     parser.add_argument("--preset", default="small", help="backbone size: tiny, mini, small or base")
     parser.add_argument("--data", default="scenes", help="comma-separated: scenes, digits, built data folders or "
@@ -782,7 +738,7 @@ def _step_list(text: str) -> list[int]:
 def _task_weights(text: str) -> dict[str, float]:
     import argparse
 
-    from training.tasks import TaskMixture
+    from unimodal.training.tasks import TaskMixture
 
     weights = {}
     for item in (part.strip() for part in text.split(",")):
@@ -802,7 +758,7 @@ def _task_weights(text: str) -> dict[str, float]:
 
 
 def run_from_args(args) -> int:
-    from training.checkpoint import cli_config
+    from unimodal.training.checkpoint import cli_config
 
     if args.max_minutes is not None and not args.max_minutes > 0:
         raise InputError(f"--max-minutes must be a positive number of minutes, got {args.max_minutes}")
@@ -828,7 +784,7 @@ def run_from_args(args) -> int:
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m unimodal.training.train", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))
 

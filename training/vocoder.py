@@ -1,4 +1,4 @@
-"""Train the audio codec's vocoder (``tokenizers_mm.vocoder.MelVocoder``): log-mel -> waveform.
+"""Train the audio codec's vocoder (``unimodal.tokenizers_mm.vocoder.MelVocoder``): log-mel -> waveform.
 
 ``unimodal codec train vocoder --codec DIR`` speaks a pool of phonetically diverse text (the audio codec's
 own mixture: Faker sentences, frequent-word lines, grammar captions) with random eSpeak voices, and keeps for
@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from tokenizers_mm.audio import LOG_FLOOR, AudioCodec
-from tokenizers_mm.vocoder import MelVocoder, check_vocoder_fits
-from training.checkpoint import load_checkpoint, restore, resumed_config, save_atomic
-from training.optim import warmup_cosine
-from unimodal.errors import DataError
+from unimodal.tokenizers_mm.audio import LOG_FLOOR, AudioCodec
+from unimodal.tokenizers_mm.vocoder import MelVocoder, check_vocoder_fits
+from unimodal.training.checkpoint import load_checkpoint, restore, resumed_config, save_atomic
+from unimodal.training.optim import warmup_cosine
+from unimodal.core.errors import DataError
 
 RESOLUTIONS = ((512, 128), (1024, 256), (2048, 512))  # (n_fft, hop) of the multi-resolution STFT loss
 
@@ -62,9 +62,9 @@ class _Clip:
 
 def build_pool(cfg: VocoderTrainConfig, codec: AudioCodec, progress: bool = True) -> list[_Clip]:
     """Speak ``pool_size`` texts; keep waveform, true mel and codec mel of each, frame-aligned."""
-    from training.codec_audio import AudioCodecTrainConfig, pool_texts
-    from training.data.speech import Voice, synthesize
-    from unimodal.errors import SpeechSynthesisError
+    from unimodal.training.codec_audio import AudioCodecTrainConfig, pool_texts
+    from unimodal.training.data.speech import Voice, synthesize
+    from unimodal.core.errors import SpeechSynthesisError
 
     hop, per_code = codec.model.config.hop_length, codec.model.frames_per_code
     texts = pool_texts(AudioCodecTrainConfig(seed=cfg.seed + 7, pool_size=cfg.pool_size))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from unimodal.errors import (  # noqa: F401  (re-exported)
+from unimodal.core.errors import (  # noqa: F401  (re-exported)
     DataError,
     DeviceError,
     EmptyInputError,

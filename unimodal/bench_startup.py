@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from unimodal.paths import PACKAGE_DIR
+from unimodal.core.paths import PACKAGE_DIR
 
 
 def _cases(scratch: Path) -> dict[str, list[str]]:

@@ -2,11 +2,11 @@
 
 Every front door (``unimodal generate``, ``serve --stdio``, the MCP server, ``UniModal.generate``) calls
 :func:`check_request` first, so a wrong request is refused in well under a second with the error type of its
-cause (see :mod:`unimodal.errors`). The checks read only what they must: an image file's header and pixels, an
+cause (see :mod:`unimodal.core.errors`). The checks read only what they must: an image file's header and pixels, an
 audio file's header, a weights file's header; PIL and soundfile are imported only when a file is given.
 
 This module is a leaf: it imports nothing of the project but errors, paths and the caption grammar. The setting
-ranges mirror :class:`inference.sampler.SamplerConfig` (a property test keeps the two in step), because
+ranges mirror :class:`unimodal.inference.sampler.SamplerConfig` (a property test keeps the two in step), because
 importing the sampler means importing torch.
 """
 
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from numbers import Real
 from pathlib import Path
 
-from unimodal.errors import (DeviceError, EmptyInputError, InputError, InputFileError, ModelFolderError,
+from unimodal.core.errors import (DeviceError, EmptyInputError, InputError, InputFileError, ModelFolderError,
                              OutputPathError, SettingError, TextEncodingError)
-from unimodal.paths import OUTPUT_SUFFIXES
+from unimodal.core.paths import OUTPUT_SUFFIXES
 
 MODALITIES = ("text", "image", "audio")
 MODES = ("confidence", "threshold", "semi_ar")

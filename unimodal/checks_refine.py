@@ -3,7 +3,7 @@ touched, with the error types :mod:`unimodal.checks` uses for ``generate``.
 
 A request names the content to work on by file (``input``: a picture, a clip or a ``.txt`` caption), the text it
 was made from (``prompt``) and, per op, the plan settings, the region to edit and where to write. Like
-:mod:`unimodal.checks` this is a leaf: the critic names mirror :data:`inference.critique.CRITICS` (a test keeps
+:mod:`unimodal.checks` this is a leaf: the critic names mirror :data:`unimodal.inference.critique.CRITICS` (a test keeps
 them in step) because importing that module means importing torch.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from unimodal.checks import (_SETTING_CHECKS, _int_setting, _readable_file, _real_setting, check_audio_file,
                              check_image_file, check_text, check_writable)
-from unimodal.errors import EmptyInputError, InputError, InputFileError, OutputPathError, SettingError
-from unimodal.paths import OUTPUT_SUFFIXES
+from unimodal.core.errors import EmptyInputError, InputError, InputFileError, OutputPathError, SettingError
+from unimodal.core.paths import OUTPUT_SUFFIXES
 
 CRITICS = ("learned", "confidence", "random")
 REFINE_OPS = ("critique", "refine", "edit")

@@ -14,11 +14,12 @@ import os
 import sys
 import warnings
 
-from unimodal.errors import InputError, UnimodalError
+from unimodal.cli_common import EVAL_HELP, add_model_arguments, parse_cfg
+from unimodal.core.errors import InputError, UnimodalError
 
 
 def _cmd_data_build(args) -> int:
-    from training.data.build import build
+    from unimodal.training.data.build import build
 
     out = build(args.name, n=args.n, seed=args.seed, out=args.out, speech=not args.no_speech)
     print(out)
@@ -26,8 +27,8 @@ def _cmd_data_build(args) -> int:
 
 
 def _cmd_data_pack(args) -> int:
-    from training.pack import build_pack, load_pack
-    from unimodal.paths import default_codecs_dir
+    from unimodal.training.pack import build_pack, load_pack
+    from unimodal.core.paths import default_codecs_dir
 
     path = build_pack([d for d in args.data.split(",") if d], args.codecs or default_codecs_dir(), args.out,
                       args.max_audio_seconds)
@@ -37,14 +38,14 @@ def _cmd_data_pack(args) -> int:
 
 
 def _cmd_data_info(args) -> int:
-    from training.data.store import read_info
+    from unimodal.training.data.store import read_info
 
     print(json.dumps(read_info(args.dir), indent=2, sort_keys=True))
     return 0
 
 
 def _cmd_data_check(args) -> int:
-    from training.data.folder import FolderDataset
+    from unimodal.training.data.folder import FolderDataset
 
     dataset = FolderDataset(args.manifest, skip_bad=args.skip_bad)
     for err in dataset.skipped:
@@ -85,7 +86,7 @@ def add_data_commands(sub) -> None:
 
 
 def _cmd_codec_train(args) -> int:
-    from unimodal.paths import cache_root
+    from unimodal.core.paths import cache_root
 
     out = args.out or str(cache_root() / "codecs" / args.modality)
     audio_only = (args.num_down, args.decoder_channels, args.decoder_dilations)
@@ -108,10 +109,10 @@ def _cmd_codec_train(args) -> int:
     if args.lr is not None:
         extra["lr"] = args.lr
     if args.modality == "vocoder":
-        from training.checkpoint import cli_config
-        from training.tokens import codec_folder
-        from training.vocoder import FINETUNE_DEFAULTS, VocoderTrainConfig, train_vocoder
-        from unimodal.paths import default_codecs_dir
+        from unimodal.training.checkpoint import cli_config
+        from unimodal.training.tokens import codec_folder
+        from unimodal.training.vocoder import FINETUNE_DEFAULTS, VocoderTrainConfig, train_vocoder
+        from unimodal.core.paths import default_codecs_dir
 
         codec = args.codec or str(codec_folder(default_codecs_dir(), "audio"))
         if args.init_from:
@@ -123,20 +124,20 @@ def _cmd_codec_train(args) -> int:
         print(f"{out}/vocoder  (attach it: unimodal codec attach-vocoder --codec {codec} --vocoder {out}/vocoder)")
         return 0
     if args.modality == "text":
-        from tokenizers_mm.text import TextCodec, default_corpus
+        from unimodal.tokenizers_mm.text import TextCodec, default_corpus
 
         TextCodec.train(default_corpus(seed=args.seed)).save_pretrained(f"{out}/codec")
     elif args.modality == "image":
-        from training.checkpoint import cli_config
-        from training.codec_image import ImageCodecTrainConfig, train_image_codec
+        from unimodal.training.checkpoint import cli_config
+        from unimodal.training.codec_image import ImageCodecTrainConfig, train_image_codec
 
         cfg = cli_config(ImageCodecTrainConfig, out, args.resume, args.steps, seed=args.seed, **_batch(args), **extra)
         train_image_codec(out, cfg, resume=args.resume)
     else:
-        from training.checkpoint import cli_config
-        from training.codec_audio import AudioCodecTrainConfig, train_audio_codec
+        from unimodal.training.checkpoint import cli_config
+        from unimodal.training.codec_audio import AudioCodecTrainConfig, train_audio_codec
 
-        from training.codec_audio import DEFAULT_MODEL
+        from unimodal.training.codec_audio import DEFAULT_MODEL
 
         model = {} if args.init_from else dict(DEFAULT_MODEL)  # an upgrade keeps the source's unless told
         if args.num_down is not None:
@@ -157,7 +158,7 @@ def _batch(args) -> dict:
 
 
 def _cmd_attach_vocoder(args) -> int:
-    from training.vocoder import attach_vocoder
+    from unimodal.training.vocoder import attach_vocoder
 
     print(attach_vocoder(args.codec, args.vocoder))
     return 0
@@ -165,18 +166,18 @@ def _cmd_attach_vocoder(args) -> int:
 
 def _cmd_codec_eval(args) -> int:
     if args.modality == "image":
-        from training.codec_image import evaluate_image_codec as evaluate
+        from unimodal.training.codec_image import evaluate_image_codec as evaluate
     else:
-        from training.codec_audio import evaluate_audio_codec as evaluate
+        from unimodal.training.codec_audio import evaluate_audio_codec as evaluate
     report = evaluate(args.codec, n=args.n, out=args.out)
     print(json.dumps(report, indent=2))
     return 0
 
 
 def _cmd_codec_export(args) -> int:
-    from training.export import export_codecs
+    from unimodal.training.export import export_codecs
 
-    from unimodal.paths import cache_root
+    from unimodal.core.paths import cache_root
 
     print(export_codecs(args.source or cache_root() / "codecs", args.out))
     return 0
@@ -234,14 +235,14 @@ def add_codec_commands(sub) -> None:
 
 
 def _default_scenes_dir():
-    from unimodal.paths import data_dir
+    from unimodal.core.paths import data_dir
 
     return data_dir("scenes", 2000, 0)
 
 
 def _cmd_judges(args) -> int:
-    from inference.judges import calibrate
-    from training.data import BuiltDataset
+    from unimodal.judges import calibrate
+    from unimodal.training.data import BuiltDataset
 
     data = BuiltDataset(args.data or _default_scenes_dir(), args.split)
     scenes = [data[i] for i in range(min(args.n, len(data)))]
@@ -274,7 +275,7 @@ EXPORT_MODEL_HELP = "re-save a trained model folder in float16 for shipping (the
 
 
 def add_train_command(sub) -> None:
-    from training.train import add_arguments, run_from_args
+    from unimodal.training.train import add_arguments, run_from_args
 
     train = sub.add_parser("train", help=TRAIN_HELP)
     add_arguments(train)
@@ -291,7 +292,7 @@ def add_train_command(sub) -> None:
 
 
 def _cmd_export_model(args) -> int:
-    from training.export import export_model
+    from unimodal.training.export import export_model
 
     print(export_model(args.model, args.out, codecs=args.codecs, int8=args.int8))
     return 0
@@ -300,7 +301,7 @@ def _cmd_export_model(args) -> int:
 def _cmd_bench_train(args) -> int:
     import torch
 
-    from training.bench import bench_train_side_by_side, format_result, result_dict
+    from unimodal.training.bench import bench_train_side_by_side, format_result, result_dict
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -325,7 +326,7 @@ def _cmd_bench_train(args) -> int:
 
 
 def _cmd_bench_sample(args) -> int:
-    from inference.bench_sample import bench_sample, format_table, parse_direction, save_report
+    from unimodal.inference.bench_sample import bench_sample, format_table, parse_direction, save_report
     from unimodal.eval_cases import load_cases
     from unimodal.inputs import as_image
     from unimodal.serve import load_pipeline, resolve_model_dir
@@ -354,7 +355,7 @@ def _cmd_bench_sample(args) -> int:
 
 def _shared_sampling(args) -> dict:
     """The sampler settings every row of ``bench sample`` shares, validated like any SamplerConfig."""
-    from inference.sampler import SamplerConfig
+    from unimodal.inference.sampler import SamplerConfig
 
     sampling = {"temperature": args.temperature}
     if args.cfg is not None:
@@ -375,11 +376,11 @@ def _number_list(kind):
 
 
 def _add_bench_sample_command(bench) -> None:
-    from inference.bench_sample import DEFAULT_DIRECTIONS, DEFAULT_STEPS, DEFAULT_TAUS
+    from unimodal.inference.bench_sample import DEFAULT_DIRECTIONS, DEFAULT_STEPS, DEFAULT_TAUS
 
     sample = bench.add_parser("sample", help="sampler speed, memory and agreement per direction: tau sweep, step "
                                              "counts, with and without the condition cache")
-    _add_model_arguments(sample)
+    add_model_arguments(sample)
     sample.add_argument("--n", type=int, default=16, help="prompts (conditions) per data set and direction")
     sample.add_argument("--data", default="scenes", help="scenes, digits or built data folders (test split); their "
                                                          "truth gives each setting a judged quality")
@@ -395,7 +396,7 @@ def _add_bench_sample_command(bench) -> None:
     sample.add_argument("--seed", type=int, default=0, help="seed of the prompts and of the sampler")
     sample.add_argument("--temperature", type=float, default=0.0,
                         help="0 (greedy, default) makes agreement measure decoding drift, not sampling noise")
-    sample.add_argument("--cfg", type=_parse_cfg, default=None, help="guidance scale for every row (e.g. 3)")
+    sample.add_argument("--cfg", type=parse_cfg, default=None, help="guidance scale for every row (e.g. 3)")
     sample.add_argument("--choice-temperature", type=float, default=None,
                         help="randomised commit order for every row (MaskGIT's choice temperature, e.g. 4.5)")
     sample.add_argument("--no-cache-check", action="store_true",
@@ -454,24 +455,6 @@ def add_bench_commands(sub) -> None:
     add_bench_refine_command(bench)
 
 
-def _parse_cfg(value: str):
-    """``--cfg 3`` (one scale) or ``--cfg text=3,audio=2`` (per input modality)."""
-    try:
-        if "=" not in value:
-            return float(value)
-        pairs = (item.split("=", 1) for item in value.split(",") if item.strip())
-        return {name.strip(): float(scale) for name, scale in pairs}
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--cfg takes a scale (3) or modality=scale pairs (text=3,audio=2), "
-                                         f"got {value!r}") from None
-
-
-def _add_model_arguments(parser) -> None:
-    parser.add_argument("--model", default=None, help="model folder (default: $UNIMODAL_MODEL, else the packaged "
-                                                      "default model)")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-
-
 def _cmd_generate(args) -> int:
     from unimodal.checks import check_request
     from unimodal.serve import check_model, load_pipeline, run_generate
@@ -499,7 +482,7 @@ def add_generate_commands(sub) -> None:
                          description="Examples: unimodal generate --text 'a small red circle on the left' --to image "
                                      "--out red.png | --image photo.png --to text | --audio clip.wav --to image "
                                      "--out pic.png | --text 'a blue square' --to image,audio --out outdir")
-    _add_model_arguments(gen)
+    add_model_arguments(gen)
     gen.add_argument("--text", default=None, help="a text prompt")
     gen.add_argument("--image", default=None, help="an image file (resized to the model's image size)")
     gen.add_argument("--audio", default=None, help="an audio file (wav/flac/..., resampled to 16 kHz)")
@@ -513,7 +496,7 @@ def add_generate_commands(sub) -> None:
     gen.add_argument("--temperature", type=float, default=None, help="0 = greedy")
     gen.add_argument("--top-k", type=int, default=None)
     gen.add_argument("--top-p", type=float, default=None)
-    gen.add_argument("--cfg", type=_parse_cfg, default=None, help="guidance scale (3) or per input (text=3,audio=2)")
+    gen.add_argument("--cfg", type=parse_cfg, default=None, help="guidance scale (3) or per input (text=3,audio=2)")
     gen.add_argument("--choice-temperature", type=float, default=None,
                      help="Gumbel noise on which slots are committed first, annealed to 0 (MaskGIT; 0 = greedy order)")
     gen.add_argument("--seed", type=int, default=0)
@@ -553,7 +536,7 @@ def add_serve_command(sub) -> None:
                                        "unimodal serve --stdio --model DIR: one JSON request per line on stdin "
                                        '({"id": 1, "op": "generate", "text": "...", "to": "image", "out": "a.png"}, '
                                        'ops: generate, ping, shutdown), one JSON response per line on stdout')
-    _add_model_arguments(serve)
+    add_model_arguments(serve)
     serve.add_argument("--stdio", action="store_true", help="talk JSON lines over stdin/stdout")
     serve.add_argument("--mcp", action="store_true", help="be a Model Context Protocol server over stdin/stdout "
                                                           "(tools: generate; resource: the known vocabulary)")
@@ -574,7 +557,6 @@ def add_refine_commands(sub) -> None:
     add(sub)
 
 
-EVAL_HELP = "generate in every direction and score with the independent judges"
 # Groups whose parsers import torch (their defaults live beside the code) are built only when their command is
 # named; otherwise each gets a stub with its help line, so `unimodal --help` lists it without the import.
 HEAVY_GROUPS = {add_train_command: {"train": TRAIN_HELP, "export-model": EXPORT_MODEL_HELP},

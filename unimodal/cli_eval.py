@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from unimodal.errors import InputError
+from unimodal.core.errors import InputError
 
 SAMPLING_FLAGS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "choice_temperature",
                   "block_length")
@@ -25,7 +25,7 @@ def _directions(text: str, known) -> list[str]:
 
 
 def _cmd_eval(args) -> int:
-    from inference.evaluate import DIRECTIONS, evaluate, format_table, model_hash, save_report
+    from unimodal.inference.evaluate import DIRECTIONS, evaluate, format_table, model_hash, save_report
     from unimodal.eval_cases import load_cases
     from unimodal.serve import load_pipeline, resolve_model_dir
 
@@ -50,7 +50,7 @@ def _cmd_eval(args) -> int:
 
 
 def _add_sampling_flags(parser, temperature_default) -> None:
-    from unimodal.cli import _parse_cfg
+    from unimodal.cli_common import parse_cfg
 
     parser.add_argument("--steps", type=int, default=None, help="model calls (the cap in threshold mode)")
     parser.add_argument("--mode", default=None, choices=["confidence", "threshold", "semi_ar"])
@@ -59,7 +59,7 @@ def _add_sampling_flags(parser, temperature_default) -> None:
                         help=f"0 = greedy (default {temperature_default})")
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--cfg", type=_parse_cfg, default=None, help="guidance scale (3) or per input (text=3)")
+    parser.add_argument("--cfg", type=parse_cfg, default=None, help="guidance scale (3) or per input (text=3)")
     parser.add_argument("--choice-temperature", type=float, default=None,
                         help="Gumbel noise on which slots are committed first, annealed to 0 (MaskGIT)")
     parser.add_argument("--block-length", type=int, default=None,
@@ -67,8 +67,8 @@ def _add_sampling_flags(parser, temperature_default) -> None:
 
 
 def add_eval_command(sub) -> None:
-    from inference.evaluate import DIRECTIONS
-    from unimodal.cli import EVAL_HELP, _add_model_arguments
+    from unimodal.inference.evaluate import DIRECTIONS
+    from unimodal.cli_common import EVAL_HELP, add_model_arguments
     from unimodal.eval_cases import EVAL_SPLITS
 
     ev = sub.add_parser("eval", help=EVAL_HELP,
@@ -76,7 +76,7 @@ def add_eval_command(sub) -> None:
                                     "accuracy, speech WER, joint consistency), with the judges' figures on the "
                                     "real data beside them. Writes eval.json, one PNG grid per direction and "
                                     "a few WAVs.")
-    _add_model_arguments(ev)
+    add_model_arguments(ev)
     ev.add_argument("--data", default="scenes,digits", help="scenes, digits or built data folders, comma-separated")
     ev.add_argument("--split", default="test", choices=EVAL_SPLITS)
     ev.add_argument("--n", type=int, default=100, help="cases per data set")
@@ -90,8 +90,8 @@ def add_eval_command(sub) -> None:
 
 
 def _cmd_versus_ar(args) -> int:
-    from inference.evaluate import model_hash
-    from inference.versus import DEFAULT_DIRECTIONS, format_table, plot, versus_ar
+    from unimodal.inference.evaluate import model_hash
+    from unimodal.inference.versus import DEFAULT_DIRECTIONS, format_table, plot, versus_ar
     from unimodal.eval_cases import load_cases
     from unimodal.serve import load_pipeline, resolve_model_dir
 
@@ -117,12 +117,12 @@ def _cmd_versus_ar(args) -> int:
 
 
 def add_versus_ar_command(bench) -> None:
-    from inference.versus import DEFAULT_DIRECTIONS
-    from unimodal.cli import _add_model_arguments
+    from unimodal.inference.versus import DEFAULT_DIRECTIONS
+    from unimodal.cli_common import add_model_arguments
 
     vs = bench.add_parser("versus-ar", help="diffusion model vs its autoregressive twin: speed and judged quality "
                                             "on the same prompts, interleaved in one run")
-    _add_model_arguments(vs)
+    add_model_arguments(vs)
     vs.add_argument("--ar-model", required=True, help="the autoregressive twin's model folder")
     vs.add_argument("--data", default="scenes", help="scenes, digits or built data folders (test split)")
     vs.add_argument("--n", type=int, default=32, help="prompts per data set")
@@ -137,8 +137,8 @@ def add_versus_ar_command(bench) -> None:
 
 
 def _cmd_data_efficiency(args) -> int:
-    from training.data_efficiency import EfficiencyConfig, format_report, run_data_efficiency
-    from unimodal.paths import default_codecs_dir
+    from unimodal.data_efficiency import EfficiencyConfig, format_report, run_data_efficiency
+    from unimodal.core.paths import default_codecs_dir
 
     try:
         epochs = tuple(sorted({int(e) for e in args.epochs.split(",") if e.strip()}))

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from unimodal.errors import InputError
+from unimodal.core.errors import InputError
 
 OUT_SUFFIXES = {"image": ".png", "audio": ".wav", "text": ".txt"}
 
@@ -40,7 +40,7 @@ def _numbers(count: int, flag: str):
 
 
 def _critic(value: str):
-    from inference.critique import CRITICS
+    from unimodal.inference.critique import CRITICS
 
     if value not in CRITICS:
         raise InputError(f"--critic must be one of {', '.join(CRITICS)}, got {value!r}")
@@ -107,8 +107,8 @@ def _cmd_edit(args) -> int:
 
 
 def _cmd_bench_refine(args) -> int:
-    from inference.bench_refine import bench_refine, bench_repair, format_repair, format_table
-    from inference.evaluate import model_hash
+    from unimodal.bench_refine import bench_refine, bench_repair, format_repair, format_table
+    from unimodal.inference.evaluate import model_hash
     from unimodal.eval_cases import load_cases
     from unimodal.serve import load_pipeline, resolve_model_dir
 
@@ -144,9 +144,9 @@ def _refine_options(args) -> dict:
 
 
 def _add_common(parser, out_help: str) -> None:
-    from unimodal.cli import _add_model_arguments
+    from unimodal.cli_common import add_model_arguments
 
-    _add_model_arguments(parser)
+    add_model_arguments(parser)
     parser.add_argument("--in", dest="input", required=True, help="the output to work on: a .png picture, a "
                                                                    ".wav clip or a .txt caption")
     parser.add_argument("--prompt", default=None, help="the text it was generated from (its condition)")
@@ -184,11 +184,11 @@ def add_refine_commands(sub) -> None:
 
 
 def add_bench_refine_command(bench) -> None:
-    from unimodal.cli import _add_model_arguments
+    from unimodal.cli_common import add_model_arguments
 
     sub = bench.add_parser("refine", help="text->image judged accuracy: no refine vs refine (per critic, per "
                                           "round) vs best-of-N, with forward passes (needs unimodal[eval])")
-    _add_model_arguments(sub)
+    add_model_arguments(sub)
     sub.add_argument("--n", type=int, default=64, help="scene cases of the split")
     sub.add_argument("--split", default="test")
     sub.add_argument("--rounds", type=int, default=3)

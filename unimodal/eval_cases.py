@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inference.evaluate import EvalCase
-from unimodal.errors import InputError
+from unimodal.inference.evaluate import EvalCase
+from unimodal.core.errors import InputError
 
 EVAL_SPLITS = ("test", "heldout", "val")
 DATA_SEED = 0  # the embedded sets' build seed (the default model was trained on seed 0's train split)
@@ -44,8 +44,8 @@ def load_cases(data: str, split: str = "test", n: int = 100, speech: bool = True
 
 
 def _scene_cases(split: str, n: int, speech: bool) -> list[EvalCase]:
-    from training.data.build import SCENE_SPLIT_IDS
-    from training.data.scenes import make_sample
+    from unimodal.training.data.build import SCENE_SPLIT_IDS
+    from unimodal.training.data.scenes import make_sample
 
     samples = [make_sample(DATA_SEED, SCENE_SPLIT_IDS[split], i, heldout=split == "heldout", speech=speech)
                for i in range(n)]
@@ -53,7 +53,7 @@ def _scene_cases(split: str, n: int, speech: bool) -> list[EvalCase]:
 
 
 def _digit_cases(split: str, n: int, speech: bool) -> list[EvalCase]:
-    from training.data import digits
+    from unimodal.training.data import digits
 
     indices = digits.split_indices(DATA_SEED)[split][:n]
     return [EvalCase("digit", s.text, s.image, s.audio, s.meta["attributes"]["digit"])
@@ -61,7 +61,7 @@ def _digit_cases(split: str, n: int, speech: bool) -> list[EvalCase]:
 
 
 def _folder_cases(folder: Path, split: str, n: int, speech: bool = True) -> list[EvalCase]:
-    from training.data.store import BuiltDataset
+    from unimodal.training.data.store import BuiltDataset
 
     if not (folder / "info.json").is_file():
         raise InputError(f"--data entry {str(folder)!r} is neither scenes, digits nor a built data folder "

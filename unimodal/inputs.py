@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image
 
 from unimodal.checks import check_image_size, check_text
-from unimodal.errors import DataError, EmptyInputError, InputError, InputFileError, SampleRateError
+from unimodal.core.errors import DataError, EmptyInputError, InputError, InputFileError, SampleRateError
 
 SAMPLE_RATE = 16_000
 
@@ -35,7 +35,7 @@ def _from_file(value, name: str, load):
 
 def as_image(value, size: int, name: str = "image") -> np.ndarray:
     """A PIL image, an (H, W, 3) / (H, W) uint8 array or a file path -> (size, size, 3) uint8."""
-    from training.data.folder import load_image, square_resize
+    from unimodal.core.media import load_image, square_resize
 
     if isinstance(value, (str, os.PathLike)):
         from unimodal.checks import check_image_file
@@ -64,8 +64,7 @@ def as_image(value, size: int, name: str = "image") -> np.ndarray:
 def as_audio(value, sample_rate: int | None = None, name: str = "audio") -> np.ndarray:
     """A 1-D float array (16 kHz unless ``sample_rate`` says otherwise), ``(array, rate)`` or a file path ->
     mono float32 at 16 kHz."""
-    from training.data.folder import load_audio
-    from training.data.speech import resample
+    from unimodal.core.media import load_audio, resample
 
     if isinstance(value, (str, os.PathLike)):
         return _from_file(value, name, lambda path: load_audio(path, SAMPLE_RATE))

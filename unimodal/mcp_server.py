@@ -43,7 +43,7 @@ from pydantic import Field
 
 from unimodal.checks import check_request
 from unimodal.checks_refine import check_refine_request
-from unimodal.errors import MissingDependencyError, UnimodalError
+from unimodal.core.errors import MissingDependencyError, UnimodalError
 
 Modality = Literal["text", "image", "audio"]
 # MIME type of the image content for each image file suffix the results write.
@@ -85,7 +85,7 @@ class Runner:
 
 
 def _default_out_dir() -> Path:
-    from unimodal.paths import cache_root
+    from unimodal.core.paths import cache_root
 
     return cache_root() / "mcp-outputs"
 
@@ -132,7 +132,7 @@ def generate_tool(runner: Runner):
 
 
 def _generate(runner: Runner, request: dict) -> list:
-    from unimodal.serve import save_outputs
+    from unimodal.results import save_outputs
 
     request = {key: value for key, value in request.items() if value is not None or key == "seed"}
     request["out"] = request.get("out") or str(runner.fresh_out())
@@ -368,7 +368,7 @@ def build_server(runner: Runner):
 
 
 def _model_info(runner: Runner) -> dict[str, Any]:
-    from unimodal.paths import OUTPUT_SUFFIXES
+    from unimodal.core.paths import OUTPUT_SUFFIXES
 
     info: dict[str, Any] = {"model": str(runner.model_dir), "device": runner.device or "auto",
                             "outputs": str(runner.out_dir), "file_extensions": OUTPUT_SUFFIXES,

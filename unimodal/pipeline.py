@@ -9,11 +9,11 @@
     pipe.generate(to=["text", "image", "audio"])                  # all three from nothing
     pipe.generate_batch([{"text": "a red circle", "to": "image"}, {"audio": "clip.wav", "to": "text"}])
 
-The pipeline owns five components: ``backbone`` (:class:`backbone.dit.DiT`), ``tokenizer`` (the text codec's
+The pipeline owns five components: ``backbone`` (:class:`unimodal.backbone.dit.DiT`), ``tokenizer`` (the text codec's
 ``PreTrainedTokenizerFast``), ``image_vq`` / ``audio_vq`` (the codecs' VQ models) and ``scheduler``
-(:class:`inference.schedulers.MaskedDiffusionScheduler`, the default sampling settings); its config holds the
+(:class:`unimodal.inference.schedulers.MaskedDiffusionScheduler`, the default sampling settings); its config holds the
 ``layout`` (the shared vocabulary) and the ``task_weights`` the model was trained with (None: unknown). The
-math lives elsewhere: the codecs in ``tokenizers_mm``, sampling in :func:`inference.sampler.generate`.
+math lives elsewhere: the codecs in ``tokenizers_mm``, sampling in :func:`unimodal.inference.sampler.generate`.
 """
 
 from __future__ import annotations
@@ -34,27 +34,27 @@ from diffusers import DiffusionPipeline
 from PIL import Image
 from transformers import PreTrainedTokenizerFast
 
-from backbone.dit import DiT
-from inference.ar import generate_autoregressive
-from inference.sampler import Request, SampleResult, SamplerConfig
-from inference.sampler import generate as sample
-from inference.schedulers import MaskedDiffusionScheduler
-from tokenizers_mm.audio import AudioCodec, AudioVQModel
-from tokenizers_mm.image import ImageCodec, ImageVQModel
-from tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
-from tokenizers_mm.text import TextCodec
-from tokenizers_mm.vocoder import MelVocoder
+from unimodal.backbone.dit import DiT
+from unimodal.inference.ar import generate_autoregressive
+from unimodal.inference.sampler import Request, SampleResult, SamplerConfig
+from unimodal.inference.sampler import generate as sample
+from unimodal.inference.schedulers import MaskedDiffusionScheduler
+from unimodal.tokenizers_mm.audio import AudioCodec, AudioVQModel
+from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel
+from unimodal.tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
+from unimodal.tokenizers_mm.text import TextCodec
+from unimodal.tokenizers_mm.vocoder import MelVocoder
 from unimodal.checks import check_model_folder, check_to
-from unimodal.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
+from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
-from unimodal.grammar import unknown_words
+from unimodal.core.grammar import unknown_words
 from unimodal.inputs import as_audio, as_image, as_text
-from unimodal.int8 import load_pretrained
+from unimodal.core.int8 import load_pretrained
 from unimodal.results import GenerationResult
 
 PIPELINE_INDEX = "model_index.json"
 TRAINING_CONFIG = "training_config.json"
-VOCABULARY_FILE = "vocabulary.json"  # the words the training captions used (unimodal.grammar.known_vocabulary)
+VOCABULARY_FILE = "vocabulary.json"  # the words the training captions used (unimodal.core.grammar.known_vocabulary)
 REQUEST_KEYS = ("text", "image", "audio", "to", "seed", "max_text_tokens", "max_audio_seconds")
 SETTING_KEYS = ("steps", "mode", "schedule", "tau", "temperature", "top_k", "top_p", "cfg", "seed",
                 "block_length", "block_mode", "max_batch_size", "choice_temperature")
@@ -113,7 +113,7 @@ class UniModal(DiffusionPipeline):
 
     @classmethod
     def from_model_folder(cls, folder: str | os.PathLike, torch_dtype: torch.dtype | None = None) -> "UniModal":
-        """Build the pipeline from a training run's model folder (see ``training.train.write_model_folder``)."""
+        """Build the pipeline from a training run's model folder (see ``unimodal.training.train.write_model_folder``)."""
         folder = Path(folder)
         backbone = load_pretrained(DiT, folder / "backbone")
         if torch_dtype is not None:

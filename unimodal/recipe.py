@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from unimodal.errors import InputError
+from unimodal.core.errors import InputError
 
 DIRECTIONS = ("text->image", "image->text")
 
@@ -37,7 +37,7 @@ class RecipeBudget:
 def parse_variant(words: list[str]) -> tuple[str, dict]:
     """``["real", "loss_norm=real", "lr=2e-3"]`` -> ("real", {"loss_norm": "real", "lr": 0.002}); values typed
     from TrainConfig's field defaults."""
-    from training.train import TrainConfig
+    from unimodal.training.train import TrainConfig
 
     name, *pairs = words
     types = {f.name: type(f.default) for f in fields(TrainConfig) if not isinstance(f.default, type(field()))}
@@ -64,7 +64,7 @@ def _typed(value: str, kind: type, what: str):
 
 def train_variant(budget: RecipeBudget, name: str, overrides: dict, codec_dir, out: Path, progress: bool) -> dict:
     """Train one variant (resumable); returns its run facts (folder, wall time of its steps)."""
-    from training.train import RunOptions, TrainConfig, train
+    from unimodal.training.train import RunOptions, TrainConfig, train
 
     run = out / name
     cfg = TrainConfig(**{"preset": budget.preset, "steps": budget.steps, "batch_size": budget.batch_size,
@@ -89,7 +89,7 @@ def _median(values: list[float]) -> float | None:
 
 
 def judge_variant(budget: RecipeBudget, run: Path, progress: bool) -> dict:
-    from inference.evaluate import Judges, evaluate, verdicts_of
+    from unimodal.inference.evaluate import Judges, evaluate, verdicts_of
     from unimodal.eval_cases import load_cases
     from unimodal.pipeline import UniModal
 
@@ -127,7 +127,7 @@ def run_recipe(budget: RecipeBudget, variants: list[tuple[str, dict]], codec_dir
 def format_report(report: dict) -> str:
     """The variants' table; the last columns are each variant's paired difference from the first one listed
     (same test cases: far less noisy than two accuracies), with its 95% bootstrap interval."""
-    from inference.evaluate import paired_difference
+    from unimodal.inference.evaluate import paired_difference
 
     budget = report["budget"]
     lines = [f"budget: preset {budget['preset']}, {budget['steps']} steps x batch {budget['batch_size']}, lr "
@@ -171,7 +171,7 @@ def add_recipe_command(bench) -> None:
 
 
 def _cmd_recipe(args) -> int:
-    from unimodal.paths import default_codecs_dir
+    from unimodal.core.paths import default_codecs_dir
 
     budget = RecipeBudget(data=args.data, preset=args.preset, steps=args.steps, batch_size=args.batch_size,
                           lr=args.lr, eval_n=args.eval_n, seed=args.seed)

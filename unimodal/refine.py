@@ -1,8 +1,8 @@
 """``UniModal.critique`` / ``refine`` / ``edit``: the pipeline's side of the self-critique loop.
 
-The math is in :mod:`inference.critique` (scores, regions) and :mod:`inference.refine` (plan / execute /
+The math is in :mod:`unimodal.inference.critique` (scores, regions) and :mod:`unimodal.inference.refine` (plan / execute /
 evaluate); this module turns a :class:`GenerationResult` (or a picture, clip or caption on disk) and the
-inputs it was made from into a :class:`~inference.critique.Draft`, and the refined draft back into a result,
+inputs it was made from into a :class:`~unimodal.inference.critique.Draft`, and the refined draft back into a result,
 with pictures a person can read (a heat map over the image, a score curve under the audio).
 
     result = pipe.generate(text="a small red circle on the left", to="image", seed=0)
@@ -24,14 +24,14 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from inference.critique import Draft, flagged, make_critic, make_draft, regions_from_flags, sample_score
-from inference.refine import RefineConfig, regenerate
-from inference.refine import refine as refine_draft
-from tokenizers_mm.layout import MODALITIES
-from unimodal.errors import InputError
-from unimodal.grammar import POSITIONS, SIZES, parse_scene_caption, scenes_equal
+from unimodal.inference.critique import Draft, flagged, make_critic, make_draft, regions_from_flags, sample_score
+from unimodal.inference.refine import RefineConfig, regenerate
+from unimodal.inference.refine import refine as refine_draft
+from unimodal.tokenizers_mm.layout import MODALITIES
+from unimodal.core.errors import InputError
+from unimodal.core.grammar import POSITIONS, SIZES, parse_scene_caption, scenes_equal
 from unimodal.inputs import as_audio, as_image, as_text
-from unimodal.paths import atomic_write
+from unimodal.core.paths import atomic_write
 from unimodal.results import GenerationResult
 
 HEAT_SCALE = 4  # the heat map is drawn at 4x the picture's size, so 8-pixel codes are easy to see
@@ -275,7 +275,7 @@ def edit(pipe, content, region: Mapping | Sequence[Mapping], text=None, image=No
     regions = [region] if isinstance(region, Mapping) else list(region)
     with pipe._lock:
         draft = draft_of(pipe, replace(result, settings={}), {"text": text, "image": image, "audio": audio})
-        from inference.critique import selection_of
+        from unimodal.inference.critique import selection_of
 
         selection = selection_of(pipe.layout, regions, draft, pipe.text_codec)
         kind = pipe.scheduler.target_kind([s.modality for s in draft.target.spans])

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from unimodal.errors import InputError, OutputPathError
-from unimodal.paths import OUTPUT_SUFFIXES, atomic_write
+from unimodal.core.errors import InputError, OutputPathError
+from unimodal.core.paths import OUTPUT_SUFFIXES, atomic_write
 
 SAMPLE_RATE = 16_000
 
@@ -98,3 +98,22 @@ class GenerationResult:
 
     def _save_json(self, path: Path, suffix: str) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+
+def save_outputs(result, outputs) -> dict[str, str]:
+    """Save ``result`` where :func:`unimodal.checks.plan_outputs` planned (``{kind: file}`` or
+    ``{"folder": folder}``); a raw ``out`` (None, a path, a list of paths) is planned first. Every image/audio
+    output needs a place once ``out`` is given; text is also in the result itself."""
+    from collections.abc import Mapping
+
+    from unimodal.checks import plan_outputs
+
+    if not isinstance(outputs, Mapping):
+        outputs = plan_outputs(outputs, list(result.modalities))
+    if "folder" in outputs:
+        saved = result.save(outputs["folder"])
+        return {path.stem if path.stem != "result" else "json": str(path.resolve()) for path in saved}
+    for path in outputs.values():
+        result.save(path)
+    return {kind: str(path.resolve()) for kind, path in outputs.items()}
+

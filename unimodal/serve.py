@@ -55,7 +55,8 @@ from pathlib import Path
 from unimodal.checks import (GENERATE_KEYS, INPUT_KEYS, SETTING_KEYS, CheckedRequest, check_device,  # noqa: F401
                              check_model_folder, check_request, plan_outputs)
 from unimodal.checks_refine import REFINE_OPS, check_refine_request
-from unimodal.errors import DeviceError, InputError, UnimodalError
+from unimodal.core.errors import DeviceError, InputError, UnimodalError
+from unimodal.results import save_outputs  # noqa: F401 (part of the server's API)
 
 OPS = ("generate", "critique", "refine", "edit", "ping", "shutdown")
 MODEL_ENV = "UNIMODAL_MODEL"
@@ -111,20 +112,6 @@ def run_generate(pipe, request: Mapping, progress: bool = False, checked: Checke
     result = pipe.generate(**checked.inputs, to=checked.to, progress=progress, **checked.settings)
     files = save_outputs(result, checked.outputs)
     return {**result.to_dict(), "files": files}
-
-
-def save_outputs(result, outputs) -> dict[str, str]:
-    """Save ``result`` where :func:`unimodal.checks.plan_outputs` planned (``{kind: file}`` or
-    ``{"folder": folder}``); a raw ``out`` (None, a path, a list of paths) is planned first. Every image/audio
-    output needs a place once ``out`` is given; text is also in the result itself."""
-    if not isinstance(outputs, Mapping):
-        outputs = plan_outputs(outputs, list(result.modalities))
-    if "folder" in outputs:
-        saved = result.save(outputs["folder"])
-        return {path.stem if path.stem != "result" else "json": str(path.resolve()) for path in saved}
-    for path in outputs.values():
-        result.save(path)
-    return {kind: str(path.resolve()) for kind, path in outputs.items()}
 
 
 # ---- the stdio server ---------------------------------------------------------------------------------------

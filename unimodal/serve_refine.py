@@ -2,7 +2,7 @@
 run on a loaded pipeline and saved: the part ``serve --stdio`` and the MCP server share.
 
 Every file is written whole or not at all (a temporary file, then a rename): results and critiques save that way
-themselves, and the trace goes through :func:`unimodal.paths.atomic_write`.
+themselves, and the trace goes through :func:`unimodal.core.paths.atomic_write`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from unimodal.checks_refine import CheckedRefine
-from unimodal.paths import atomic_write
+from unimodal.core.paths import atomic_write
 
 
 def run_critique(pipe, checked: CheckedRefine):
@@ -25,7 +25,7 @@ def run_critique(pipe, checked: CheckedRefine):
 
 def run_refine(pipe, checked: CheckedRefine):
     """The refined result, ``files`` ({modality: path}, plus "trace") and the trace of every round."""
-    from unimodal.serve import save_outputs
+    from unimodal.results import save_outputs
 
     fixed, trace = pipe.refine(checked.content, **checked.options)
     files = save_outputs(fixed, {checked.modality: checked.out}) if checked.out else {}
@@ -36,7 +36,7 @@ def run_refine(pipe, checked: CheckedRefine):
 
 def run_edit(pipe, checked: CheckedRefine):
     """The edited result and ``files``: {modality: absolute path} when ``out`` is set."""
-    from unimodal.serve import save_outputs
+    from unimodal.results import save_outputs
 
     options = dict(checked.options)
     edited = pipe.edit(checked.content, options.pop("region"), **options)

@@ -1,5 +1,5 @@
 """Data sets: the embedded ``scenes`` and ``digits`` (built offline from a seed) and a user's own ``folder``."""
 
-from training.data.store import SPLITS, BuiltDataset, Sample, read_info
+from unimodal.training.data.store import SPLITS, BuiltDataset, Sample, read_info
 
 __all__ = ["SPLITS", "BuiltDataset", "Sample", "read_info"]

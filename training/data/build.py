@@ -7,11 +7,11 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from training.data import digits, scenes
-from training.data.speech import SAMPLE_RATE
-from training.data.store import Sample, publish, staging_dir, write_info, write_split
-from unimodal.errors import InputError
-from unimodal.grammar import IMAGE_SIZE
+from unimodal.training.data import digits, scenes
+from unimodal.training.data.speech import SAMPLE_RATE
+from unimodal.training.data.store import Sample, publish, staging_dir, write_info, write_split
+from unimodal.core.errors import InputError
+from unimodal.core.grammar import IMAGE_SIZE
 
 SCENE_SPLIT_IDS = {"train": 0, "val": 1, "test": 2, "heldout": 3}
 
@@ -58,7 +58,7 @@ def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None
     """
     if name not in BUILDERS:
         raise InputError(f"unknown data set {name!r}; the embedded ones are {sorted(BUILDERS)} "
-                         f"(your own data: a JSONL manifest, see training.data.folder)")
+                         f"(your own data: a JSONL manifest, see unimodal.training.data.folder)")
     n = DEFAULT_N[name] if n is None else n
     if not isinstance(n, int) or n < 10:
         raise InputError(f"--n must be an integer >= 10, got {n!r}")
@@ -66,7 +66,7 @@ def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None
         raise InputError(f"digits has {digits.NUM_DIGITS} real samples; --n {n} asks for more "
                          f"(use --n <= {digits.NUM_DIGITS})")
     if out is None:
-        from unimodal.paths import data_dir
+        from unimodal.core.paths import data_dir
 
         out = data_dir(name, n, seed)
     out = Path(out)

@@ -2,7 +2,7 @@
 resized to 64x64 RGB, with paraphrased captions ("the digit seven", "a handwritten 7", ...) and their speech.
 
 The split is a fixed permutation of the 1,797 digits by seed: 80% train, 10% val, 10% test. The digit judge
-(``inference/judges.py``) is trained on the same train split, so it never saw the test digits.
+(``unimodal/judges/``) is trained on the same train split, so it never saw the test digits.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image
 
-from training.data.speech import Voice, synthesize
-from training.data.store import Sample
-from unimodal.grammar import DIGIT_TEMPLATES, IMAGE_SIZE, digit_caption
+from unimodal.training.data.speech import Voice, synthesize
+from unimodal.training.data.store import Sample
+from unimodal.core.grammar import DIGIT_TEMPLATES, IMAGE_SIZE, digit_caption
 
 NUM_DIGITS = 1797
 SPLIT_FRACTIONS = {"train": 0.8, "val": 0.1, "test": 0.1}

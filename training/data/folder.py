@@ -6,7 +6,7 @@ cropped to a square and resized; audio is mixed to mono and resampled to 16 kHz.
 starting with ``#`` are ignored.
 
 Every problem is reported with its line number. By default the first bad record raises
-:class:`~unimodal.errors.ManifestError`; with ``skip_bad=True`` bad records are skipped, counted and listed
+:class:`~unimodal.core.errors.ManifestError`; with ``skip_bad=True`` bad records are skipped, counted and listed
 in :attr:`FolderDataset.skipped` — never dropped silently.
 """
 
@@ -19,45 +19,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from training.data.speech import SAMPLE_RATE, resample
-from training.data.store import Sample
-from unimodal.errors import DataError, ManifestError
-from unimodal.grammar import IMAGE_SIZE
+from unimodal.training.data.store import Sample
+from unimodal.core.errors import DataError, ManifestError
+from unimodal.core.grammar import IMAGE_SIZE
+from unimodal.core.media import SAMPLE_RATE, load_audio, load_image, resample, square_resize  # noqa: F401 (used by the manifest readers)
 
 FIELDS = ("text", "image", "audio")
-
-
-def load_image(path: str | os.PathLike, size: int = IMAGE_SIZE) -> np.ndarray:
-    """Any image file as a (size, size, 3) uint8 RGB array: centre square crop, then Lanczos resize."""
-    try:
-        with Image.open(path) as img:
-            img = img.convert("RGB")
-    except (OSError, UnidentifiedImageError) as exc:
-        raise DataError(f"cannot read image {path}: {exc}") from exc
-    return square_resize(img, size)
-
-
-def square_resize(img: Image.Image, size: int = IMAGE_SIZE) -> np.ndarray:
-    """Centre square crop, then Lanczos resize to (size, size); an image already that size is kept as is."""
-    if img.size != (size, size):
-        w, h = img.size
-        side = min(w, h)
-        left, top = (w - side) // 2, (h - side) // 2
-        img = img.crop((left, top, left + side, top + side)).resize((size, size), Image.LANCZOS)
-    return np.asarray(img, dtype=np.uint8)
-
-
-def load_audio(path: str | os.PathLike, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """Any audio file soundfile reads, as mono float32 at ``sample_rate``."""
-    import soundfile as sf
-
-    try:
-        data, rate = sf.read(str(path), dtype="float32", always_2d=True)
-    except (RuntimeError, OSError) as exc:  # soundfile raises LibsndfileError (a RuntimeError)
-        raise DataError(f"cannot read audio {path}: {exc}") from exc
-    if data.shape[0] == 0:
-        raise DataError(f"audio {path} holds no samples")
-    return resample(data.mean(axis=1), rate, sample_rate)
 
 
 class FolderDataset:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw
 
-from training.data.speech import Voice, synthesize
-from training.data.store import Sample
-from unimodal.grammar import COLORS, IMAGE_SIZE, PAIR_TEMPLATES, POSITIONS, RELATIONS, SHAPES, SINGLE_TEMPLATES, SIZES, scene_caption
+from unimodal.training.data.speech import Voice, synthesize
+from unimodal.training.data.store import Sample
+from unimodal.core.grammar import COLORS, IMAGE_SIZE, PAIR_TEMPLATES, POSITIONS, RELATIONS, SHAPES, SINGLE_TEMPLATES, SIZES, scene_caption
 
 HELDOUT_PAIRS = frozenset({("red", "triangle"), ("green", "circle"), ("blue", "cross"), ("yellow", "square")})
 PAIR_FRACTION = 0.4  # share of scenes with two objects

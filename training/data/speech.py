@@ -22,10 +22,10 @@ import numpy as np
 import torch
 import torchaudio.functional as AF
 
-from training.data._espeak_worker import STATUS_BAD_INPUT, STATUS_OK
-from unimodal.errors import InputError, SpeechSynthesisError
+from unimodal.training.data._espeak_worker import STATUS_BAD_INPUT, STATUS_OK
+from unimodal.core.errors import InputError, SpeechSynthesisError
+from unimodal.core.media import SAMPLE_RATE, resample  # noqa: F401 (re-exported for the data builders)
 
-SAMPLE_RATE = 16_000
 
 # Base voices and variants that sound clearly different and stay intelligible.
 BASE_VOICES = ("en-us", "en", "en-gb-x-rp", "en-gb-scotland")
@@ -109,14 +109,6 @@ class _SpeechWorker:
 
 
 _WORKER = _SpeechWorker()
-
-
-def resample(audio: np.ndarray, orig_rate: int, new_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """Band-limited resampling of a mono float signal (torchaudio's windowed sinc)."""
-    if orig_rate == new_rate:
-        return audio.astype(np.float32)
-    wave = torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32))
-    return AF.resample(wave, orig_rate, new_rate).numpy()
 
 
 def is_speech(audio: np.ndarray, sample_rate: int = SAMPLE_RATE, min_seconds: float = 0.2) -> bool:

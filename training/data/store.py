@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from unimodal.errors import DataError, InputError
+from unimodal.core.errors import DataError, InputError
 
 SPLITS = ("train", "val", "test", "heldout")
 FORMAT_VERSION = 1

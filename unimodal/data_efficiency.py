@@ -23,7 +23,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from training.train import OBJECTIVES  # masked diffusion, then its autoregressive twin
+from unimodal.training.train import OBJECTIVES  # masked diffusion, then its autoregressive twin
 
 
 @dataclass
@@ -40,7 +40,7 @@ class EfficiencyConfig:
     seed: int = 0
 
     def __post_init__(self):
-        from unimodal.errors import InputError
+        from unimodal.core.errors import InputError
 
         for name in ("subset", "batch_size", "eval_n", "eval_steps"):
             value = getattr(self, name)
@@ -58,7 +58,7 @@ class EfficiencyConfig:
 
 def train_both(cfg: EfficiencyConfig, codec_dir: str | Path, out: Path, progress: bool = True) -> dict[str, Path]:
     """One resumable training run per objective; returns each run folder."""
-    from training.train import TrainConfig, train
+    from unimodal.training.train import TrainConfig, train
 
     runs = {}
     total = cfg.steps_at(max(cfg.epochs))
@@ -77,7 +77,7 @@ def train_both(cfg: EfficiencyConfig, codec_dir: str | Path, out: Path, progress
 
 def judge_snapshots(cfg: EfficiencyConfig, runs: dict[str, Path], out: Path, progress: bool = True) -> dict:
     """Judged accuracy of every snapshot (cached in ``out/judged.json``)."""
-    from inference.evaluate import Judges, evaluate
+    from unimodal.inference.evaluate import Judges, evaluate
     from unimodal.eval_cases import load_cases
     from unimodal.pipeline import UniModal
 
@@ -157,7 +157,7 @@ def run_data_efficiency(cfg: EfficiencyConfig, codec_dir: str | Path, out: str |
 def _claim(out: Path, cfg: EfficiencyConfig) -> None:
     """``out/config.json`` records what the cached runs and verdicts in ``out`` belong to; another config is
     refused instead of silently mixing results."""
-    from unimodal.errors import InputError
+    from unimodal.core.errors import InputError
 
     path, mine = out / "config.json", json.loads(json.dumps(asdict(cfg)))
     if path.is_file():

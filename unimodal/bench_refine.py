@@ -3,7 +3,7 @@
 For each case (a scene caption of the test split) the model draws one picture (seed ``seed + i``); then:
 
 - **refine**, per critic (``confidence``, ``random``; ``learned`` once its head is trained): up to ``rounds``
-  plan-execute-evaluate rounds (:func:`inference.refine.refine`); the picture after every round is judged,
+  plan-execute-evaluate rounds (:func:`unimodal.inference.refine.refine`); the picture after every round is judged,
   so the table holds the accuracy and the mean forward passes spent so far after each round, and the fix
   rate (wrong -> right, over the cases wrong before the round) and break rate (right -> wrong, over those
   right before it) of each round;
@@ -21,9 +21,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from inference.critique import confidence_scores, make_draft, sample_score
-from inference.evaluate import EvalCase, Judges, judge_image, paired_difference, verdicts_of
-from unimodal.errors import InputError
+from unimodal.inference.critique import confidence_scores, make_draft, sample_score
+from unimodal.inference.evaluate import EvalCase, Judges, judge_image, paired_difference, verdicts_of
+from unimodal.core.errors import InputError
 
 BEST_OF_SEED_STRIDE = 100_003
 
@@ -183,7 +183,7 @@ class _RepairKind:
         return GenerationResult(**output, token_ids={self.modality: ids.tolist()}, settings={"inputs": inputs})
 
     def verdicts(self, cases, token_lists) -> list[bool]:
-        from inference.evaluate import caption_correct
+        from unimodal.inference.evaluate import caption_correct
 
         if self.modality == "image":
             return _verdicts(cases, list(self.pipe.image_codec.decode(_stack(token_lists))), self.judges)

@@ -1,0 +1,25 @@
+"""What every command group of the CLI shares: the model arguments and the guidance-scale parser."""
+
+from __future__ import annotations
+
+import argparse
+
+EVAL_HELP = "generate in every direction and score with the independent judges"
+
+
+def parse_cfg(value: str):
+    """``--cfg 3`` (one scale) or ``--cfg text=3,audio=2`` (per input modality)."""
+    try:
+        if "=" not in value:
+            return float(value)
+        pairs = (item.split("=", 1) for item in value.split(",") if item.strip())
+        return {name.strip(): float(scale) for name, scale in pairs}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--cfg takes a scale (3) or modality=scale pairs (text=3,audio=2), "
+                                         f"got {value!r}") from None
+
+
+def add_model_arguments(parser) -> None:
+    parser.add_argument("--model", default=None, help="model folder (default: $UNIMODAL_MODEL, else the packaged "
+                                                      "default model)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")

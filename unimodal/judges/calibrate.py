@@ -1,0 +1,46 @@
+"""How often the judges themselves are right, measured on ground truth."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from unimodal.judges.digits import DigitJudge
+from unimodal.judges.scene import SceneJudge
+from unimodal.judges.speech import SpeechJudge, word_error_rate
+
+def _scene_accuracy(samples: Sequence) -> dict:
+    judge = SceneJudge()
+    scores = [judge.score(sample.image, sample.meta["attributes"]) for sample in samples]
+    n_objects = sum(s["n_expected"] for s in scores)
+    return {"scenes": len(scores), "objects": n_objects,
+            "object_accuracy": sum(s["objects_right"] for s in scores) / max(n_objects, 1),
+            "scene_accuracy": sum(s["correct"] for s in scores) / max(len(scores), 1)}
+
+
+def _speech_accuracy(samples: Sequence) -> dict:
+    judge = SpeechJudge()
+    start = time.perf_counter()
+    hypotheses = judge.transcribe_many([sample.audio for sample in samples])
+    seconds = time.perf_counter() - start
+    return {"clips": len(samples), "wer": word_error_rate([s.text for s in samples], hypotheses),
+            "seconds_per_clip": seconds / max(len(samples), 1)}
+
+
+def calibrate(scene_samples: Sequence = (), speech_samples: Sequence = (), digit_split: str | None = "test",
+              seed: int = 0) -> dict:
+    """How often the judges themselves are right, measured on ground truth.
+
+    ``scene_samples`` need ``.image`` and ``.meta['attributes']``; ``speech_samples`` need ``.audio``
+    (16 kHz) and ``.text``. They come from a built data set (the caller loads it: inference code does not
+    import ``training``). ``digit_split`` picks the real digits split to score (None skips it); ``seed`` is
+    the digits split seed. Returns ``{"scene": ..., "digit": ..., "speech": ...}`` for what was given.
+    """
+    report = {}
+    if len(scene_samples):
+        report["scene"] = _scene_accuracy(scene_samples)
+    if digit_split is not None:
+        report["digit"] = {"split": digit_split, "accuracy": DigitJudge(seed).accuracy(digit_split)}
+    if len(speech_samples):
+        report["speech"] = _speech_accuracy(speech_samples)
+    return report
