@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from unimodal.tokenizers_mm import CODECS, Codec, get_codec_class
 from unimodal.tokenizers_mm.text import TextCodec, caption_corpus, default_corpus, normalize
-from unimodal import grammar
+from unimodal.core import grammar
 from unimodal.core.errors import DataError, InputError
 
 TINY_VOCAB = 400

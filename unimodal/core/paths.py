@@ -21,7 +21,7 @@ def data_dir(name: str, n: int, seed: int) -> Path:
     return cache_root() / "data" / f"{name}-n{n}-seed{seed}"
 
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the unimodal package folder (this file is in unimodal/core)
 
 
 def default_codecs_dir() -> Path:
