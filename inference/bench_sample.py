@@ -96,14 +96,8 @@ def parse_direction(text: str) -> tuple[str, str]:
 @torch.no_grad()
 def encode_conditions(pipe, modality: str, values: list) -> list[torch.Tensor]:
     """Local ids of each condition, cut to what the layout holds (as training cut them)."""
-    layout = pipe.layout
-    if modality == "text":
-        return pipe.text_codec.encode(list(values), max_length=layout.max_text_len)
-    if modality == "image":
-        return list(pipe.image_codec.encode(np.stack(values)).cpu())
-    vq = pipe.audio_vq  # log-mel on the CPU, then to the VQ's device (as UniModal does)
-    mels = [pipe.audio_codec.log_mel(torch.as_tensor(wave, dtype=torch.float32))[None] for wave in values]
-    return [vq.encode_indices(mel.to(vq.device, vq.dtype))[0, :layout.max_audio_len].cpu() for mel in mels]
+    longest = pipe.layout.max_content_len(modality)
+    return [torch.as_tensor(ids)[:longest].cpu() for ids in pipe.codecs[modality].encode(list(values))]
 
 
 def target_slots(layout, modality: str) -> int:
