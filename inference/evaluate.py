@@ -15,7 +15,7 @@ came out:
   the generated caption and from the transcript of the generated speech.
 
 The report holds every figure, the model's hash, the sampler settings and seeds: the same command with the
-same seed gives the same numbers. The cases arrive ready-made (``unimodal/cli.py`` builds them from the
+same seed gives the same numbers. The cases arrive ready-made (``unimodal/eval_cases.py`` builds them from the
 embedded data sets), since ``inference/`` does not import ``training/``.
 """
 

@@ -1,11 +1,13 @@
-"""The sampling benchmark (inference/bench_sample.py, `unimodal bench sample`) on the tiny untrained model."""
+"""The sampling benchmark (inference/bench_setup, bench_measure, bench_sample, bench_compile, bench_report; `unimodal bench sample`) on the tiny untrained model."""
 
 import json
 
 import numpy as np
 import pytest
 
-from unimodal.inference.bench_sample import REFERENCE, bench_sample, format_table, parse_direction, save_report
+from unimodal.inference.bench_report import format_table, save_report
+from unimodal.inference.bench_sample import bench_sample
+from unimodal.inference.bench_setup import REFERENCE, parse_direction
 from unimodal.core.errors import InputError
 
 
@@ -145,7 +147,8 @@ def test_cli_bench_sample_without_the_cache_check(tiny_model_dir, tmp_path, caps
 
 
 def test_paired_difference_of_verdicts():
-    from unimodal.inference.bench_sample import paired_difference, target_checks
+    from unimodal.inference.bench_sample import target_checks
+    from unimodal.inference.evaluate import paired_difference
 
     reference = [1, 1, 0, 0, None] * 20
     same = paired_difference(reference, reference)

@@ -234,6 +234,7 @@ class AudioCodec:
     """16 kHz mono speech <-> ragged lists of local code ids in ``[0, codebook_size)``; see the module doc."""
 
     modality = "audio"
+    pipeline_parts = {"audio_vq": "model", "vocoder": "vocoder"}
     WEIGHTS = "vq"
     silence_code = SILENCE_CODE
 
@@ -269,9 +270,12 @@ class AudioCodec:
     def encode(self, clips) -> list[torch.Tensor]:
         """Clips (see :func:`check_clips`) -> one 1-D LongTensor of codes per clip, ~``frame_rate`` per second.
 
-        Clips are encoded one at a time, so a clip's codes never depend on the rest of the batch.
+        Clips are encoded one at a time, so a clip's codes never depend on the rest of the batch. The log-mel is
+        computed on the CPU and then moved to the VQ's device, so the codec also encodes after ``model.to("cuda")``.
         """
-        return [self.model.encode_indices(self.log_mel(wave)[None])[0].cpu() for wave in check_clips(clips)]
+        model = self.model
+        return [model.encode_indices(self.log_mel(wave)[None].to(model.device, model.dtype))[0].cpu()
+                for wave in check_clips(clips)]
 
     def _check_ids(self, ids, index: int) -> torch.Tensor:
         if isinstance(ids, torch.Tensor) and ids.is_floating_point():

@@ -19,6 +19,9 @@ class Codec(Protocol):
     """A modality codec: native batch <-> local token ids, saved and loaded as a self-describing folder."""
 
     modality: ClassVar[str]  # "text", "image", "audio": the key of the codec in ``tokenizers_mm.CODECS``
+    # The pipeline components the codec is built from: component name -> constructor argument, which is also the
+    # attribute holding it. ``UniModal`` registers and saves the components, and rebuilds the codec from them.
+    pipeline_parts: ClassVar[dict[str, str]]
 
     @property
     def codebook_size(self) -> int:

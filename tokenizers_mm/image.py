@@ -174,6 +174,7 @@ class ImageCodec:
     """64x64 RGB images <-> 8x8 grids of local code ids (row-major), in ``[0, codebook_size)``."""
 
     modality = "image"
+    pipeline_parts = {"image_vq": "model"}
     WEIGHTS = "vq"
 
     def __init__(self, model: ImageVQModel):
@@ -202,7 +203,10 @@ class ImageCodec:
 
     @torch.no_grad()
     def decode(self, ids) -> np.ndarray:
-        """(B, rows*cols) code ids -> (B, H, W, 3) uint8 images."""
+        """(B, rows*cols) code ids, or a list of B rows of them (as iterating ``encode``'s result gives) ->
+        (B, H, W, 3) uint8 images."""
+        if isinstance(ids, (list, tuple)) and ids and isinstance(ids[0], torch.Tensor):
+            ids = torch.stack([row.long() for row in ids])
         ids = torch.as_tensor(ids, dtype=torch.long)
         if ids.ndim == 1:
             ids = ids[None]

@@ -65,6 +65,7 @@ class TextCodec:
     """
 
     modality = "text"
+    pipeline_parts = {"tokenizer": "tokenizer"}
 
     def __init__(self, tokenizer: PreTrainedTokenizerFast):
         self.tokenizer = tokenizer

@@ -17,24 +17,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from unimodal.tokenizers_mm import get_codec_class
+from unimodal.tokenizers_mm import CODECS, codec_folder, get_codec_class
 from unimodal.tokenizers_mm.layout import Layout
 from unimodal.training.checkpoint import load_checkpoint, save_atomic
 from unimodal.training.data.store import BuiltDataset, Sample
 from unimodal.core.errors import DataError, InputError
 from unimodal.core.paths import cache_root
 
-CODEC_MODALITIES = ("text", "image", "audio")
-
-
-def codec_folder(directory: str | os.PathLike, modality: str) -> Path:
-    """``directory/modality/codec`` when it exists (a codec training run), else ``directory/modality``."""
-    base = Path(directory) / modality
-    folder = base / "codec" if (base / "codec").is_dir() else base
-    if not folder.is_dir():
-        raise DataError(f"{directory} has no {modality} codec (looked for {base}/codec and {base}); train one "
-                        f"with: unimodal codec train {modality}")
-    return folder
+CODEC_MODALITIES = tuple(CODECS)  # re-exported for export.py and train.py; the registry is the one list
 
 
 MAX_AUDIO_SECONDS = 5.12  # longest clip a sample keeps: 80 codes at 15.625 codes/s, 160 at 31.25

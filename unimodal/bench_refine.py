@@ -154,14 +154,12 @@ class _RepairKind:
         self.pipe, self.modality, self.judges = pipe, modality, judges
 
     def truth(self, cases) -> list:
-        import torch
-
         pipe, layout = self.pipe, self.pipe.layout
         if self.modality == "image":
             return list(pipe.image_codec.encode(np.stack([c.image for c in cases])).cpu())
         if self.modality == "text":
             return [ids[:layout.max_text_len] for ids in pipe.text_codec.encode([c.text for c in cases])]
-        return [pipe._encode_audio(torch.tensor(c.audio, dtype=torch.float32))[:layout.max_audio_len] for c in cases]
+        return [ids[:layout.max_audio_len] for ids in pipe.audio_codec.encode([c.audio for c in cases])]
 
     def condition(self, case) -> dict:
         return {"image": case.image} if self.modality == "text" else {"text": case.text}

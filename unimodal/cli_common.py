@@ -23,3 +23,13 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--model", default=None, help="model folder (default: $UNIMODAL_MODEL, else the packaged "
                                                       "default model)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+def number_list(kind):
+    """An argparse type: comma-separated numbers of ``kind`` (``"4,8,16"`` -> ``[4, 8, 16]``)."""
+    def parse(value: str):
+        try:
+            return [kind(item) for item in value.split(",") if item.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {value!r}") from None
+    return parse

@@ -9,11 +9,13 @@
     pipe.generate(to=["text", "image", "audio"])                  # all three from nothing
     pipe.generate_batch([{"text": "a red circle", "to": "image"}, {"audio": "clip.wav", "to": "text"}])
 
-The pipeline owns five components: ``backbone`` (:class:`unimodal.backbone.dit.DiT`), ``tokenizer`` (the text codec's
-``PreTrainedTokenizerFast``), ``image_vq`` / ``audio_vq`` (the codecs' VQ models) and ``scheduler``
-(:class:`unimodal.inference.schedulers.MaskedDiffusionScheduler`, the default sampling settings); its config holds the
-``layout`` (the shared vocabulary) and the ``task_weights`` the model was trained with (None: unknown). The
-math lives elsewhere: the codecs in ``tokenizers_mm``, sampling in :func:`unimodal.inference.sampler.generate`.
+The pipeline owns ``backbone`` (:class:`unimodal.backbone.dit.DiT`), ``scheduler``
+(:class:`unimodal.inference.schedulers.MaskedDiffusionScheduler`, the default sampling settings) and the parts of
+the codecs (each codec's ``pipeline_parts``: ``tokenizer``, ``image_vq``, ``audio_vq``, ``vocoder``); its config
+holds the ``layout`` (the shared vocabulary) and the ``task_weights`` the model was trained with (None: unknown).
+Every modality is loaded, encoded and decoded through the codec registry (:data:`unimodal.tokenizers_mm.CODECS`),
+the one training uses: ``pipe.codecs`` maps each modality to its codec. The math lives elsewhere: the codecs in
+``tokenizers_mm``, sampling in :func:`unimodal.inference.sampler.generate`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 from diffusers import DiffusionPipeline
 from PIL import Image
@@ -39,6 +40,7 @@ from unimodal.inference.ar import generate_autoregressive
 from unimodal.inference.sampler import Request, SampleResult, SamplerConfig
 from unimodal.inference.sampler import generate as sample
 from unimodal.inference.schedulers import MaskedDiffusionScheduler
+from unimodal.tokenizers_mm import CODECS, Codec, codec_from_parts, codec_parts, get_codec_class, load_codecs
 from unimodal.tokenizers_mm.audio import AudioCodec, AudioVQModel
 from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel
 from unimodal.tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
@@ -83,7 +85,7 @@ class UniModal(DiffusionPipeline):
         self.register_to_config(layout=layout.to_dict(), task_weights=dict(task_weights) if task_weights else None,
                                 vocabulary=dict(vocabulary) if vocabulary else None)
         self.layout = layout
-        self._codecs: dict[str, object] = {}
+        self._codecs: dict[str, Codec] = {}
         self._lock = threading.RLock()
         self._check_components()
         backbone.eval()
@@ -107,29 +109,28 @@ class UniModal(DiffusionPipeline):
             # What the header check cannot see (a wrong shape, a config value or argument missing) still names
             # the folder.
             raise ModelFolderError(f"cannot load the model in {folder}: {type(error).__name__}: {error}") from error
+        codecs = ", ".join(f"{m}/" for m in CODECS)
         raise DataError(f"{folder} is not a unimodal model folder: expected either {PIPELINE_INDEX} (a saved "
-                        f"pipeline) or backbone/ and {LAYOUT_FILE} with text/, image/ and audio/ codecs (the model "
-                        f"folder a training run writes, OUT/model)")
+                        f"pipeline) or backbone/ and {LAYOUT_FILE} with {codecs} codecs (the model folder a "
+                        f"training run writes, OUT/model)")
 
     @classmethod
     def from_model_folder(cls, folder: str | os.PathLike, torch_dtype: torch.dtype | None = None) -> "UniModal":
-        """Build the pipeline from a training run's model folder (see ``unimodal.training.train.write_model_folder``)."""
+        """Build the pipeline from a training run's model folder (see ``unimodal.training.train.write_model_folder``):
+        the backbone, and each registered modality's codec from ``folder/<modality>``, split into its parts."""
         folder = Path(folder)
         backbone = load_pretrained(DiT, folder / "backbone")
         if torch_dtype is not None:
             backbone = backbone.to(torch_dtype)
-        audio = AudioCodec.from_pretrained(_codec_folder(folder, "audio"))
-        return cls(backbone=backbone, tokenizer=TextCodec.from_pretrained(_codec_folder(folder, "text")).tokenizer,
-                   image_vq=ImageCodec.from_pretrained(_codec_folder(folder, "image")).model,
-                   audio_vq=audio.model, vocoder=audio.vocoder,
-                   scheduler=MaskedDiffusionScheduler(), layout=Layout.load(folder).to_dict(),
-                   task_weights=_training_task_weights(folder), vocabulary=_vocabulary(folder))
+        codecs = load_codecs(folder)
+        parts = {name: part for codec in codecs.values() for name, part in codec_parts(codec).items()}
+        return cls(backbone=backbone, scheduler=MaskedDiffusionScheduler(), layout=Layout.load(folder).to_dict(),
+                   task_weights=_training_task_weights(folder), vocabulary=_vocabulary(folder), **parts)
 
     def _check_components(self) -> None:
         layout = self.layout
-        sizes = {"text": self.text_codec.codebook_size, "image": self.image_codec.codebook_size,
-                 "audio": self.audio_codec.codebook_size}
-        for modality, size in sizes.items():
+        for modality, codec in self.codecs.items():
+            size = codec.codebook_size
             if layout.codebook_size(modality) != size:
                 raise DataError(f"the layout expects {layout.codebook_size(modality)} {modality} ids but the "
                                 f"{modality} codec has {size}; the model folder mixes codecs from different runs")
@@ -137,24 +138,28 @@ class UniModal(DiffusionPipeline):
             raise DataError(f"the backbone's vocabulary ({self.backbone.config.vocab_size}) is not the layout's "
                             f"({layout.vocab_size}); the model folder mixes parts of different runs")
 
-    # ---- codecs, built lazily from the modules --------------------------------------------------------------
+    # ---- codecs: the registry's classes, built lazily from the registered parts -------------------------------
 
-    def _codec(self, modality: str, build):
-        if modality not in self._codecs:
-            self._codecs[modality] = build()
-        return self._codecs[modality]
+    @property
+    def codecs(self) -> dict[str, Codec]:
+        """Modality -> codec, for every modality in :data:`unimodal.tokenizers_mm.CODECS`, in its order."""
+        for modality in CODECS:
+            if modality not in self._codecs:
+                names = get_codec_class(modality).pipeline_parts
+                self._codecs[modality] = codec_from_parts(modality, {name: getattr(self, name, None) for name in names})
+        return {modality: self._codecs[modality] for modality in CODECS}
 
     @property
     def text_codec(self) -> TextCodec:
-        return self._codec("text", lambda: TextCodec(self.tokenizer))
+        return self.codecs["text"]
 
     @property
     def image_codec(self) -> ImageCodec:
-        return self._codec("image", lambda: ImageCodec(self.image_vq))
+        return self.codecs["image"]
 
     @property
     def audio_codec(self) -> AudioCodec:
-        return self._codec("audio", lambda: AudioCodec(self.audio_vq, getattr(self, "vocoder", None)))
+        return self.codecs["audio"]
 
     @property
     def autoregressive(self) -> bool:
@@ -223,9 +228,8 @@ class UniModal(DiffusionPipeline):
                              "[{'text': 'a red circle', 'to': 'image'}]")
         self._sampler_config(settings)  # validates the settings before any input is read
         with self._lock:
-            prepared = self._prepare_all(requests, errors == "raise")
+            prepared = self._encode_inputs(self._prepare_all(requests, errors == "raise"), errors == "raise")
             ready = [item for item in prepared if isinstance(item, _Prepared)]
-            self._encode_inputs(ready)
             results: list = list(prepared)  # errors stay in their place
             for (kind, steps), group in self._groups(ready, settings).items():
                 config = dataclasses.replace(self._sampler_config(settings, kind), steps=steps)
@@ -368,20 +372,19 @@ class UniModal(DiffusionPipeline):
         return layout.target_segment(modality)
 
     def _read_inputs(self, item: "_Prepared") -> None:
-        """Each input checked and read into the codec's form. Text is tokenized here, one prompt at a time
-        (cheap), so a prompt too long fails its own request only."""
-        if "text" in item.inputs:
-            text = as_text(item.inputs["text"], _name(item, "text"))
-            self._warn_unknown_words(item, text)
-            ids = self.text_codec.encode([text])[0]
-            if len(ids) > self.layout.max_text_len:
-                raise InputError(f"{_name(item, 'text')} is {len(ids)} tokens; this model reads at most "
-                                 f"{self.layout.max_text_len}. Shorten the prompt")
-            item.conditions["text"] = ids
-        if "image" in item.inputs:
-            item.image = as_image(item.inputs["image"], self.image_codec.image_size, _name(item, "image"))
-        if "audio" in item.inputs:
-            item.wave = as_audio(item.inputs["audio"], name=_name(item, "audio"))
+        """Each input checked and read into what its codec encodes: a string, a uint8 image at the codec's size,
+        a 16 kHz mono wave."""
+        for modality, value in item.inputs.items():
+            name = _name(item, modality)
+            if modality == "text":
+                item.native["text"] = as_text(value, name)
+                self._warn_unknown_words(item, item.native["text"])
+            elif modality == "image":
+                item.native["image"] = as_image(value, self.image_codec.image_size, name)
+            elif modality == "audio":
+                item.native["audio"] = as_audio(value, name=name)
+            else:
+                raise InputError(f"{name}: the pipeline has no reader for {modality} inputs")
 
     def _warn_unknown_words(self, item: "_Prepared", text: str) -> None:
         """Warn (and note in the result) when a model that knows its training vocabulary gets other words:
@@ -398,55 +401,72 @@ class UniModal(DiffusionPipeline):
         warnings.warn(message, UnknownWordsWarning, stacklevel=5)
         item.notes.append(message)
 
-    def _encode_inputs(self, prepared: list["_Prepared"]) -> None:
-        """Local ids of the image and audio inputs (text was tokenized as it was read); images in one call."""
-        images = [item for item in prepared if item.image is not None]
-        if images:
-            for item, ids in zip(images, self.image_codec.encode(np.stack([i.image for i in images])).cpu()):
-                item.conditions["image"] = ids
-        for item in prepared:
-            if item.wave is not None:
-                self._encode_audio_input(item)
+    def _encode_inputs(self, prepared: list, raise_errors: bool = True) -> list:
+        """The read inputs encoded, each modality in one call to its registered codec, then fitted to the
+        layout. ``prepared`` may hold errors (kept in place); a request whose input does not fit becomes its
+        error, or raises it when ``raise_errors``."""
+        ready = [item for item in prepared if isinstance(item, _Prepared)]
+        for modality, codec in self.codecs.items():
+            having = [item for item in ready if modality in item.native]
+            if having:
+                for item, ids in zip(having, codec.encode([item.native[modality] for item in having])):
+                    item.conditions[modality] = torch.as_tensor(ids).cpu()
+        return [self._fitted(item, raise_errors) if isinstance(item, _Prepared) else item for item in prepared]
 
-    def _encode_audio_input(self, item: "_Prepared") -> None:
+    def _fitted(self, item: "_Prepared", raise_errors: bool):
+        """``item`` with each condition within the layout's length, or its error. A prompt too long is refused
+        (cutting it changes what it asks for); audio too long is cut, as training cut it."""
+        try:
+            for modality, ids in item.conditions.items():
+                longest = self.layout.max_content_len(modality)
+                if len(ids) <= longest:
+                    continue
+                if modality == "text":
+                    raise InputError(f"{_name(item, 'text')} is {len(ids)} tokens; this model reads at most "
+                                     f"{longest}. Shorten the prompt")
+                self._cut_condition(item, modality, longest)
+        except UnimodalError as error:
+            if raise_errors:
+                raise
+            return error
+        return item
+
+    def _cut_condition(self, item: "_Prepared", modality: str, longest: int) -> None:
         layout = self.layout
-        ids = self._encode_audio(torch.tensor(item.wave, dtype=torch.float32))
-        if len(ids) > layout.max_audio_len:  # as in training, which cut audio to the layout's maximum
-            warnings.warn(f"{_name(item, 'audio')} is {len(ids) / layout.audio_frame_rate:.1f} s; the model "
-                          f"reads its first {layout.max_audio_len / layout.audio_frame_rate:.1f} s")
-            item.notes.append(f"audio input cut to its first {layout.max_audio_len} codes")
-            ids = ids[:layout.max_audio_len]
-        item.conditions["audio"] = ids
-
-    @torch.no_grad()
-    def _encode_audio(self, wave: torch.Tensor) -> torch.Tensor:
-        # AudioCodec.encode, except that the log-mel (computed on the CPU) goes to the VQ's device first, so
-        # the pipeline also works after .to("cuda").
-        log_mel = self.audio_codec.log_mel(wave)[None].to(self.audio_vq.device, self.audio_vq.dtype)
-        return self.audio_vq.encode_indices(log_mel)[0].cpu()
+        if modality == "audio":
+            warnings.warn(f"{_name(item, 'audio')} is {len(item.conditions['audio']) / layout.audio_frame_rate:.1f} "
+                          f"s; the model reads its first {longest / layout.audio_frame_rate:.1f} s")
+        item.notes.append(f"{modality} input cut to its first {longest} codes")
+        item.conditions[modality] = item.conditions[modality][:longest]
 
     # ---- results --------------------------------------------------------------------------------------------
 
     def _results(self, prepared: list["_Prepared"], samples: list[SampleResult],
                  config: SamplerConfig) -> list[GenerationResult]:
-        images = [i for i, s in enumerate(samples) if "image" in s.tokens]
-        pictures = {}
-        if images:
-            decoded = self.image_codec.decode(torch.stack([samples[i].tokens["image"] for i in images]))
-            pictures = {i: Image.fromarray(array) for i, array in zip(images, decoded)}
+        tokens = [_capped(item, result.tokens) for item, result in zip(prepared, samples)]
+        outputs = self._decoded(tokens)
         results = []
         for index, (item, result) in enumerate(zip(prepared, samples)):
-            tokens, confidence = _capped(item, result.tokens), result.confidence
+            confidence = result.confidence
             results.append(GenerationResult(
-                text=self.text_codec.decode_one(tokens["text"]) if "text" in tokens else None,
-                image=pictures.get(index),
-                audio=self.audio_codec.decode([tokens["audio"]])[0] if "audio" in tokens else None,
+                **{modality: outputs[modality].get(index) for modality in self.codecs},
                 sample_rate=self.audio_codec.sample_rate,
-                token_ids={m: ids.tolist() for m, ids in tokens.items()},
-                confidence={m: [float(c) for c in confidence[m][:len(ids)]] for m, ids in tokens.items()},
+                token_ids={m: ids.tolist() for m, ids in tokens[index].items()},
+                confidence={m: [float(c) for c in confidence[m][:len(ids)]] for m, ids in tokens[index].items()},
                 forward_passes=result.forward_passes, steps=result.steps,
                 settings=_settings(config, item, result)))
         return results
+
+    def _decoded(self, tokens: list[dict[str, torch.Tensor]]) -> dict[str, dict[int, object]]:
+        """Modality -> {sample index: output}: each modality's tokens decoded in one call to its codec; images
+        as PIL images."""
+        outputs: dict[str, dict[int, object]] = {}
+        for modality, codec in self.codecs.items():
+            rows = [index for index, sample in enumerate(tokens) if modality in sample]
+            decoded = codec.decode([tokens[index][modality] for index in rows]) if rows else []
+            public = Image.fromarray if modality == "image" else (lambda output: output)
+            outputs[modality] = {index: public(output) for index, output in zip(rows, decoded)}
+        return outputs
 
     # ---- self-critique: the loop lives in inference/critique.py and inference/refine.py ----------------------
 
@@ -482,8 +502,7 @@ class _Prepared:
         self.target_segments: list = []
         self.seed: int | None = None
         self.notes: list[str] = []
-        self.image: np.ndarray | None = None  # the image input, read and resized
-        self.wave: np.ndarray | None = None  # the audio input, mono at 16 kHz
+        self.native: dict[str, object] = {}  # each input as read, what its codec encodes
         self.steps_requested: int | None = None  # set when steps were capped
 
     def request(self) -> Request:
@@ -556,15 +575,6 @@ def _settings(config: SamplerConfig, item: _Prepared, result: SampleResult) -> d
     if item.notes:
         settings["notes"] = list(item.notes)
     return settings
-
-
-def _codec_folder(folder: Path, modality: str) -> Path:
-    """``folder/modality/codec`` when present (a codec training run), else ``folder/modality``."""
-    base = folder / modality
-    found = base / "codec" if (base / "codec").is_dir() else base
-    if not found.is_dir():
-        raise DataError(f"{folder} has no {modality} codec (expected {base}/); the model folder is incomplete")
-    return found
 
 
 def _vocabulary(folder: Path) -> dict | None:

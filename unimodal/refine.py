@@ -87,7 +87,7 @@ def as_result(pipe, content, modality: str | None = None) -> GenerationResult:
         tokens["image"] = pipe.image_codec.encode(as_image(content, pipe.image_codec.image_size)[None])[0].cpu()
     elif modality == "audio":
         wave = torch.tensor(as_audio(content), dtype=torch.float32)
-        tokens["audio"] = pipe._encode_audio(wave)[:pipe.layout.max_audio_len]
+        tokens["audio"] = pipe.audio_codec.encode([wave])[0][:pipe.layout.max_audio_len]
     else:
         tokens["text"] = pipe.text_codec.encode_one(as_text(content))[:pipe.layout.max_text_len]
     return _decoded(pipe, {m: ids.tolist() for m, ids in tokens.items()}, {}, 0, {})

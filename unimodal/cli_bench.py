@@ -1,0 +1,165 @@
+"""``unimodal bench``: training throughput, sampler settings, start-up time, and the benchmarks of
+``cli_eval`` (versus-ar, data-efficiency), ``recipe`` and ``cli_refine`` (refine) gathered under one group.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from unimodal.cli_common import add_model_arguments, number_list, parse_cfg
+
+
+def _cmd_bench_train(args) -> int:
+    import torch
+
+    from unimodal.training.bench import bench_train_side_by_side, format_result, result_dict
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results = []
+    for bf16 in ([True, False] if args.compare_fp32 else [not args.no_bf16]):
+        for compiled in ([False, True] if args.compile else [False]):
+            heads = (False, True) if args.compare_dense else (True,)
+            for result in bench_train_side_by_side(args.preset, args.batch_size, args.steps, bf16=bf16,
+                                                   grad_accum=args.grad_accum, compile=compiled, sparse=heads):
+                results.append(result)
+                print(format_result(result), flush=True)
+            if args.compare_dense:
+                print(f"  sparse logits speed-up (bf16={bf16}, compiled={compiled}): "
+                      f"{results[-2].step_seconds / results[-1].step_seconds:.2f}x", flush=True)
+        if args.compile and not args.compare_dense:
+            print(f"  torch.compile speed-up (bf16={bf16}): "
+                  f"{results[-2].step_seconds / results[-1].step_seconds:.2f}x", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([result_dict(r) for r in results], f, indent=2)
+    return 0
+
+
+def _cmd_bench_sample(args) -> int:
+    from unimodal.inference.bench_report import format_table, save_report
+    from unimodal.inference.bench_sample import bench_sample
+    from unimodal.inference.bench_setup import parse_direction
+    from unimodal.eval_cases import load_cases
+    from unimodal.inputs import as_image
+    from unimodal.serve import load_pipeline, resolve_model_dir
+
+    directions = [d.strip() for d in args.directions.split(",") if d.strip()]
+    needed = {parse_direction(d)[0] for d in directions}
+    if args.compile:
+        parse_direction(args.compile)
+    sampling = _shared_sampling(args)
+    model_dir = resolve_model_dir(args.model)
+    pipe = load_pipeline(model_dir, args.device)
+    # Conditions and their truth from the embedded data's test split: no data build is needed.
+    cases, _ = load_cases(args.data, "test", args.n, speech="audio" in needed)
+    size = pipe.image_codec.image_size
+    conditions = {"text": [c.text for c in cases], "image": [as_image(c.image, size) for c in cases],
+                  "audio": [c.audio for c in cases]}
+    report = bench_sample(pipe, {m: conditions[m] for m in needed}, directions, args.taus, args.steps,
+                          seed=args.seed, model_path=str(model_dir), sampling=sampling,
+                          progress=lambda d: print(f"done: {d}", file=sys.stderr, flush=True), cases=cases,
+                          compile_direction=args.compile, cache_check=not args.no_cache_check)
+    print(format_table(report))
+    for path in save_report(report, args.out):
+        print(path)
+    return 0
+
+
+def _shared_sampling(args) -> dict:
+    """The sampler settings every row of ``bench sample`` shares, validated like any SamplerConfig."""
+    from unimodal.inference.sampler import SamplerConfig
+
+    sampling = {"temperature": args.temperature}
+    if args.cfg is not None:
+        sampling["cfg"] = args.cfg
+    if args.choice_temperature is not None:
+        sampling["choice_temperature"] = args.choice_temperature
+    SamplerConfig(**sampling)  # a bad value fails here, before the model is loaded
+    return sampling
+
+
+
+
+def _add_bench_sample_command(bench) -> None:
+    from unimodal.inference.bench_setup import DEFAULT_DIRECTIONS, DEFAULT_STEPS, DEFAULT_TAUS
+
+    sample = bench.add_parser("sample", help="sampler speed, memory and agreement per direction: tau sweep, step "
+                                             "counts, with and without the condition cache")
+    add_model_arguments(sample)
+    sample.add_argument("--n", type=int, default=16, help="prompts (conditions) per data set and direction")
+    sample.add_argument("--data", default="scenes", help="scenes, digits or built data folders (test split); their "
+                                                         "truth gives each setting a judged quality")
+    sample.add_argument("--compile", default=None, metavar="DIRECTION",
+                        help="also time DIRECTION (e.g. text->image) with the denoising step under torch.compile")
+    sample.add_argument("--out", default="bench-sample", help="folder for bench_sample.json and bench_sample.png")
+    sample.add_argument("--directions", default=",".join(DEFAULT_DIRECTIONS),
+                        help="comma-separated CONDITION->TARGET (default: all six one-to-one directions)")
+    sample.add_argument("--taus", type=number_list(float), default=list(DEFAULT_TAUS),
+                        help="threshold-mode confidence thresholds")
+    sample.add_argument("--steps", type=number_list(int), default=list(DEFAULT_STEPS),
+                        help="confidence-mode step counts")
+    sample.add_argument("--seed", type=int, default=0, help="seed of the prompts and of the sampler")
+    sample.add_argument("--temperature", type=float, default=0.0,
+                        help="0 (greedy, default) makes agreement measure decoding drift, not sampling noise")
+    sample.add_argument("--cfg", type=parse_cfg, default=None, help="guidance scale for every row (e.g. 3)")
+    sample.add_argument("--choice-temperature", type=float, default=None,
+                        help="randomised commit order for every row (MaskGIT's choice temperature, e.g. 4.5)")
+    sample.add_argument("--no-cache-check", action="store_true",
+                        help="run every setting with the condition cache only (half the time; for quality sweeps "
+                             "over many prompts): the cache speed-up and identity are then not measured")
+    sample.set_defaults(func=_cmd_bench_sample)
+
+
+def _cmd_bench_startup(args) -> int:
+    from unimodal.bench_startup import bench_startup, format_table
+
+    report = bench_startup(repeats=args.repeats)
+    print(format_table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+def _add_bench_startup_command(bench) -> None:
+    startup = bench.add_parser("startup", help="seconds until --help, --version and refused requests answer "
+                                               "(fresh processes, median of --repeats)")
+    startup.add_argument("--repeats", type=int, default=5)
+    startup.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    startup.set_defaults(func=_cmd_bench_startup)
+
+
+def add_bench_commands(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_cmd", required=True)
+    _add_bench_startup_command(bench)
+    train = bench.add_parser("train", help="training tokens/s and model FLOP utilisation vs this machine's peak")
+    train.add_argument("--preset", default="small")
+    train.add_argument("--batch-size", type=int, default=16)
+    train.add_argument("--steps", type=int, default=5, help="timed steps (median reported)")
+    train.add_argument("--grad-accum", type=int, default=1, help="length-grouped micro-batches per step")
+    train.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    train.add_argument("--no-bf16", action="store_true")
+    train.add_argument("--compare-fp32", action="store_true", help="run bf16 and fp32 side by side")
+    train.add_argument("--compile", action="store_true", help="also run the step with the forward under "
+                                                              "torch.compile, side by side with eager")
+    train.add_argument("--compare-dense", action="store_true",
+                       help="also run the first recipe's step (logits over the whole vocabulary at every "
+                            "position), side by side with the sparse one")
+    train.add_argument("--json", default=None)
+    train.set_defaults(func=_cmd_bench_train)
+    _add_bench_sample_command(bench)
+    from unimodal.cli_eval import add_data_efficiency_command, add_versus_ar_command
+
+    add_versus_ar_command(bench)
+    add_data_efficiency_command(bench)
+    from unimodal.recipe import add_recipe_command
+
+    add_recipe_command(bench)
+    from unimodal.cli_refine import add_bench_refine_command
+
+    add_bench_refine_command(bench)
+
+
+__all__ = ["add_bench_commands"]

@@ -1,0 +1,76 @@
+"""``unimodal data``: build the embedded data sets, pack them for a GPU machine, show and check them."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _cmd_data_build(args) -> int:
+    from unimodal.training.data.build import build
+
+    out = build(args.name, n=args.n, seed=args.seed, out=args.out, speech=not args.no_speech)
+    print(out)
+    return 0
+
+
+def _cmd_data_pack(args) -> int:
+    from unimodal.training.pack import build_pack, load_pack
+    from unimodal.core.paths import default_codecs_dir
+
+    path = build_pack([d for d in args.data.split(",") if d], args.codecs or default_codecs_dir(), args.out,
+                      args.max_audio_seconds)
+    counts = load_pack(path).meta["counts"]
+    print(f"{path} ({path.stat().st_size / 2**20:.1f} MiB): " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return 0
+
+
+def _cmd_data_info(args) -> int:
+    from unimodal.training.data.store import read_info
+
+    print(json.dumps(read_info(args.dir), indent=2, sort_keys=True))
+    return 0
+
+
+def _cmd_data_check(args) -> int:
+    from unimodal.training.data.folder import FolderDataset
+
+    dataset = FolderDataset(args.manifest, skip_bad=args.skip_bad)
+    for err in dataset.skipped:
+        print(f"skipped: {err}", file=sys.stderr)
+    counts = {m: 0 for m in ("text", "image", "audio")}
+    for _, record in dataset.records:
+        for m in counts:
+            counts[m] += bool(record.get(m))
+    print(json.dumps({"manifest": str(args.manifest), "records": len(dataset), "skipped": len(dataset.skipped),
+                      "with": counts}, indent=2))
+    return 0
+
+
+def add_data_commands(sub) -> None:
+    data = sub.add_parser("data", help="build and inspect data sets").add_subparsers(dest="data_cmd", required=True)
+    build = data.add_parser("build", help="build an embedded data set (scenes, digits) into a cache folder")
+    build.add_argument("name", help="scenes or digits")
+    build.add_argument("--n", type=int, default=None, help="samples in train+val+test (scenes default 2000; "
+                                                          "digits default and maximum 1797)")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--out", default=None, help="output folder (default: ~/.cache/unimodal/data/NAME-nN-seedS)")
+    build.add_argument("--no-speech", action="store_true", help="skip the spoken captions")
+    build.set_defaults(func=_cmd_data_build)
+    info = data.add_parser("info", help="print a built data set's info.json")
+    info.add_argument("dir")
+    info.set_defaults(func=_cmd_data_info)
+    pack = data.add_parser("pack", help="tokenise every split into one small file that training reads without "
+                                        "codecs (what a GPU machine trains on)")
+    pack.add_argument("--data", required=True, help="comma-separated: scenes, digits, built data folders, manifests")
+    pack.add_argument("--codecs", default=None, help="codec folder (default: the package's shipped codecs)")
+    pack.add_argument("--max-audio-seconds", type=float, default=None, help="longest audio a sample keeps")
+    pack.add_argument("--out", required=True, help="the pack file, named *.pack.safetensors")
+    pack.set_defaults(func=_cmd_data_pack)
+    check = data.add_parser("check", help="validate a JSONL manifest of your own data")
+    check.add_argument("manifest")
+    check.add_argument("--skip-bad", action="store_true", help="skip bad records (they are counted and listed)")
+    check.set_defaults(func=_cmd_data_check)
+
+
+__all__ = ["add_data_commands"]

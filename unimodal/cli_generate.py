@@ -1,0 +1,62 @@
+"""``unimodal generate``: one request from the command line, its outputs written to files."""
+
+from __future__ import annotations
+
+import json
+
+from unimodal.cli_common import add_model_arguments, parse_cfg
+
+
+def _cmd_generate(args) -> int:
+    from unimodal.checks import check_request
+    from unimodal.serve import check_model, load_pipeline, run_generate
+
+    request = {key: getattr(args, key) for key in ("text", "image", "audio", "to", "steps", "mode", "tau",
+                                                   "temperature", "top_k", "top_p", "cfg", "seed",
+                                                   "max_text_tokens", "max_audio_seconds", "choice_temperature")}
+    request["out"] = args.out
+    model_dir = check_model(args.model, args.device)  # all of it before torch is even imported
+    checked = check_request(request, needs_out=True)
+    pipe = load_pipeline(model_dir, args.device)
+    result = run_generate(pipe, request, progress=not args.quiet, checked=checked)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    if result["text"] is not None:
+        print(result["text"])
+    for kind, path in result["files"].items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+def add_generate_commands(sub) -> None:
+    gen = sub.add_parser("generate", help="generate text, an image or audio from any of the others",
+                         description="Examples: unimodal generate --text 'a small red circle on the left' --to image "
+                                     "--out red.png | --image photo.png --to text | --audio clip.wav --to image "
+                                     "--out pic.png | --text 'a blue square' --to image,audio --out outdir")
+    add_model_arguments(gen)
+    gen.add_argument("--text", default=None, help="a text prompt")
+    gen.add_argument("--image", default=None, help="an image file (resized to the model's image size)")
+    gen.add_argument("--audio", default=None, help="an audio file (wav/flac/..., resampled to 16 kHz)")
+    gen.add_argument("--to", default="image", help="text, image, audio or several comma-separated "
+                                                   "(e.g. image,audio); default image")
+    gen.add_argument("--out", nargs="+", action="extend", default=None,
+                     help="one file per output (by extension: .png, .wav, .txt; .json for the summary) or one folder")
+    gen.add_argument("--steps", type=int, default=None, help="model calls (the cap in threshold mode)")
+    gen.add_argument("--mode", default=None, choices=["confidence", "threshold", "semi_ar"])
+    gen.add_argument("--tau", type=float, default=None, help="threshold mode: commit tokens this confident")
+    gen.add_argument("--temperature", type=float, default=None, help="0 = greedy")
+    gen.add_argument("--top-k", type=int, default=None)
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--cfg", type=parse_cfg, default=None, help="guidance scale (3) or per input (text=3,audio=2)")
+    gen.add_argument("--choice-temperature", type=float, default=None,
+                     help="Gumbel noise on which slots are committed first, annealed to 0 (MaskGIT; 0 = greedy order)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--max-text-tokens", type=int, default=None)
+    gen.add_argument("--max-audio-seconds", type=float, default=None)
+    gen.add_argument("--json", action="store_true", help="print the result as JSON (with the saved file paths)")
+    gen.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    gen.set_defaults(func=_cmd_generate)
+
+
+__all__ = ["add_generate_commands"]
