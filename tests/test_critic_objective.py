@@ -201,3 +201,59 @@ def test_a_trained_critic_scores_swapped_codes_above_clean_ones():
     bad, good = logits[swapped], logits[content & ~swapped]
     auroc = (bad[:, None] > good[None, :]).float().mean().item()
     assert auroc > 0.85, auroc
+
+
+# ---- model folders say whether their critic was trained; critic="learned" refuses one that was not ---------------
+
+
+def test_a_run_with_the_critic_writes_a_folder_whose_learned_critic_works(tiny_codec_dir, tiny_scenes, tmp_path):
+    from conftest import write_tiny_model
+
+    from unimodal import UniModal
+    from unimodal.core.errors import SettingError
+    from unimodal.training.train import train
+
+    cfg = TrainConfig(preset="tiny", steps=2, batch_size=4, warmup=1, val_every=2, val_samples=2, checkpoint_every=2,
+                      bf16=False, critic_weight=0.1)
+    trained = train(tmp_path / "run", [str(tiny_scenes)], tiny_codec_dir, cfg, progress=False)
+    assert json.loads((trained / "training_config.json").read_text())["critic_trained"] is True
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    model = DiT.from_preset("tiny", 10)  # parameter count only
+    assert len(state["optimizer"]["param_groups"][0]["params"]) == sum(1 for _ in model.parameters())
+    untrained = write_tiny_model(tiny_codec_dir, tmp_path / "untrained")
+    assert json.loads((untrained / "training_config.json").read_text())["critic_trained"] is False
+    prompt = "a small red circle on the left"
+    pipe = UniModal.from_pretrained(trained)
+    result = pipe.generate(text=prompt, to="image", seed=0, steps=2)
+    report = pipe.critique(result, text=prompt, critic="learned")
+    assert report.forward_passes == 1 and all(0 <= s <= 1 for s in report.scores["image"])
+    old = UniModal.from_pretrained(untrained)
+    for call in (lambda: old.critique(result, text=prompt, critic="learned"),
+                 lambda: old.refine(result, text=prompt, critic="learned")):
+        with pytest.raises(SettingError, match="never trained.*--critic-weight"):
+            call()
+    old.critique(result, text=prompt, critic="confidence")  # the training-free critic still works
+
+
+def test_bench_refine_measures_critics_on_the_models_own_mistakes(tiny_codec_dir, tmp_path, capsys):
+    pytest.importorskip("cv2")
+    from conftest import write_tiny_model
+
+    from unimodal.cli import main
+
+    model = write_tiny_model(tiny_codec_dir, tmp_path / "model", max_text_len=32)
+
+    def run(*args):
+        code = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    code, out, err = run("bench", "refine", "--model", model, "--n", "2", "--mistakes", "0.5",
+                         "--critics", "confidence,random", "--out", tmp_path / "mistakes")
+    assert code == 0, err
+    report = json.loads((tmp_path / "mistakes" / "bench_refine.json").read_text())
+    assert report["tokens"] == 2 * 32 and 0 <= report["wrong"] <= report["tokens"]  # half of 64 codes, twice
+    assert all(row["auroc"] is None or 0 <= row["auroc"] <= 1 for row in report["critics"].values())
+    code, out, err = run("bench", "refine", "--model", model, "--n", "2", "--mistakes", "0.5",
+                         "--critics", "confidence,learned", "--out", tmp_path / "refused")
+    assert code != 0 and "never trained" in err and not (tmp_path / "refused").exists()
