@@ -73,8 +73,8 @@ class TrainConfig:
     max_audio_seconds: float = MAX_AUDIO_SECONDS  # the audio segment's length: this many seconds of codes
     # The learned critic (training/critic.py): weight of its loss beside the denoising loss. 0 (the default) leaves
     # the critic head out of the step, the graph and the optimizer: it costs a second forward and backward over
-    # ``critic_share`` of the rows (~+25-35% step time at 0.25) and its worth over the free confidence critic is
-    # not measured yet, so a run opts in; CRITIC_WEIGHT is the weight to opt in with.
+    # ``critic_share`` of the rows (at 0.25 about a quarter more model compute per step, counted, not timed) and
+    # its worth over the free confidence critic is not measured yet, so a run opts in (CRITIC_WEIGHT).
     critic_weight: float = 0.0
     critic_share: float = 0.25  # of the step's rows, those filled by the model and critiqued
     critic_swap_rate: float = 0.1  # each critiqued row swaps up to this share of its codes and attribute words
