@@ -360,25 +360,28 @@ class DiT(ModelMixin, ConfigMixin):
         with torch.autocast(hidden.device.type, enabled=False):
             return F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())  # (..., V)
 
-    def heads(self, x, c_pair, is_target, logits: bool = True) -> DiTOutput:
+    def heads(self, x, c_pair, is_target, logits: bool = True, critic: bool = True) -> DiTOutput:
+        """Final layer, then the vocabulary head (unless ``logits`` is False) and the critic head (unless
+        ``critic`` is False: a training step whose critic objective is off leaves the head out of the graph)."""
         hidden = self.final_layer(x, c_pair, is_target)  # (B, L, D)
-        critic = self.critic_head(hidden).squeeze(-1).float()  # (B, L)
-        return DiTOutput(logits=self.output_logits(hidden) if logits else None, critic=critic, hidden=hidden)
+        wrong = self.critic_head(hidden).squeeze(-1).float() if critic else None  # (B, L)
+        return DiTOutput(logits=self.output_logits(hidden) if logits else None, critic=wrong, hidden=hidden)
 
     # ---- entry points ----
 
-    def forward(self, ids, t, segment_ids, positions, is_target, attention_mask=None, logits=True) -> DiTOutput:
+    def forward(self, ids, t, segment_ids, positions, is_target, attention_mask=None, logits=True,
+                critic=True) -> DiTOutput:
         """ids/segment_ids (B, L) long, t (B,) mask ratio, positions (B, L, 2), is_target (B, L) bool,
         attention_mask (B, L) bool, True at real tokens (None: all real). ``logits=False`` skips the
         vocabulary head (``logits`` is None): a caller that needs logits at a few slots computes them from
-        ``hidden`` with :meth:`output_logits`."""
+        ``hidden`` with :meth:`output_logits`. ``critic=False`` skips the critic head (``critic`` is None)."""
         attention_mask = self._check_sequence(ids, segment_ids, positions, attention_mask)
         _check_bool("is_target", is_target, ids.shape)
         _check_t(t, ids.shape[0])
-        return self.forward_unchecked(ids, t, segment_ids, positions, is_target, attention_mask, logits)
+        return self.forward_unchecked(ids, t, segment_ids, positions, is_target, attention_mask, logits, critic)
 
     def forward_unchecked(self, ids, t, segment_ids, positions, is_target, attention_mask,
-                          logits: bool = True) -> DiTOutput:
+                          logits: bool = True, critic: bool = True) -> DiTOutput:
         """:meth:`forward` without its input checks (their data-dependent branches break ``torch.compile``
         graphs); ``attention_mask`` is required."""
         x = self.embed(ids, segment_ids)  # (B, L, D)
@@ -387,7 +390,7 @@ class DiT(ModelMixin, ConfigMixin):
         visible = self._visibility(is_target, attention_mask)  # (B, 1, L, L)
         for block in self.blocks:
             x, _ = block(x, c_pair, is_target, rope, visible)  # (B, L, D)
-        return self.heads(x, c_pair, is_target, logits)
+        return self.heads(x, c_pair, is_target, logits, critic)
 
     def encode_condition(self, ids, segment_ids, positions, attention_mask=None) -> ConditionCache:
         """Run the condition tokens alone (they only see each other) and keep each layer's keys/values."""

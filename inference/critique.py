@@ -9,8 +9,9 @@ higher meaning "more likely right":
   tokens are re-masked in a few interleaved groups, one model call each, so every token is scored with
   most of its context present (a 2x2 checkerboard on images, every G-th token on text and audio);
 - ``random``: uniform noise, the ReMDM-style baseline (no model call);
-- ``learned``: the backbone's critic head, ``DiTOutput.critic``, the logit of "this token is wrong", read
-  on the filled draft (t = 0: nothing is masked) in one call; score ``sigmoid(-logit)``;
+- ``learned``: the backbone's critic head, ``DiTOutput.critic``, the logit of "this token is wrong" (trained by
+  ``unimodal train --critic-weight``), read on the filled draft (t = 0: nothing is masked) in one call; score
+  ``sigmoid(-logit)``;
 - a callable ``critic(tokens) -> scores``: local ids per modality in, one score per token out.
 
 Regions are what a person or an agent reads and writes: image boxes in pixels ``(x0, y0, x1, y1)``, audio
@@ -166,10 +167,13 @@ def confidence_scores(model, layout: Layout, draft: Draft, groups: int = DEFAULT
 
 
 def learned_scores(model, layout: Layout, draft: Draft, cfg=None) -> tuple[dict[str, torch.Tensor], int]:
-    """The critic head on the filled draft: ``sigmoid(-critic)`` ("not wrong"); one model call. Guidance
-    does not apply to the critic head (it is read on the conditional row)."""
+    """The critic head on the draft: ``sigmoid(-critic)`` ("not wrong"); one model call at the draft's own mask
+    ratio (0 for a committed draft: how ``unimodal.training.critic`` trains the head on full fills). Guidance
+    does not apply to the critic head (it is read on the conditional row). A model whose head was never trained
+    must be refused before this (``unimodal.refine.require_trained_critic``): its scores are 0.5 everywhere."""
     forward = TargetForward(model, layout, draft, None)
-    _, critic = forward(draft.target.ids[None], torch.zeros(1))  # (1, L)
+    t = (draft.target.ids == MASK).sum().float().reshape(1) / max(forward.n_slots, 1)  # (1,)
+    _, critic = forward(draft.target.ids[None], t)  # (1, L)
     scores = torch.sigmoid(-critic[0].float()).cpu()
     return {m: scores[where] for m, where in draft.content_positions(layout).items()}, 1
 

@@ -178,11 +178,13 @@ def test_token_cache_is_reused(tiny_codec_dir, tiny_scenes):
 
 
 @pytest.mark.slow
-def test_two_processes_agree_on_weights(tiny_codec_dir, tiny_scenes, tmp_path):
+@pytest.mark.parametrize("critic_weight", ["0", "0.1"])  # critic head frozen / a second forward before backward
+def test_two_processes_agree_on_weights(tiny_codec_dir, tiny_scenes, tmp_path, critic_weight):
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
            "-m", "unimodal.training.train", "--preset", "tiny", "--data", str(tiny_scenes), "--codecs", str(tiny_codec_dir),
-           "--out", str(tmp_path / "ddp"), "--steps", "2", "--batch-size", "4", "--val-every", "2", "--no-bf16"]
+           "--out", str(tmp_path / "ddp"), "--steps", "2", "--batch-size", "4", "--val-every", "2", "--no-bf16",
+           "--critic-weight", critic_weight]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     checksums = json.loads((tmp_path / "ddp" / "replica_checksums.json").read_text())

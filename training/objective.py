@@ -125,12 +125,15 @@ class TargetVocab:
 @dataclass(frozen=True)
 class LossSpec:
     """How a step's diffusion loss is computed: the recipe's weighting and normalisation, and ``vocab`` for the
-    sparse head (None: logits over the whole vocabulary at every position, the reference form)."""
+    sparse head (None: logits over the whole vocabulary at every position, the reference form). ``critic``: the
+    learned critic's objective added to the step (``unimodal.training.critic.CriticSpec``; None: the critic head
+    takes no part)."""
 
     vocab: TargetVocab | None = None
     weighting: str = "elbo"
     normalise: str = "real"
     masking: str = "independent"  # MASKINGS
+    critic: object | None = None  # CriticSpec (critic.py imports this module, so it is not named here)
 
     def __post_init__(self):
         if self.masking not in MASKINGS:
@@ -141,7 +144,8 @@ class LossSpec:
             raise ValueError(f"loss normalisation must be one of {NORMALISERS}, got {self.normalise!r}")
 
     def to(self, device) -> "LossSpec":
-        return LossSpec(self.vocab and self.vocab.to(device), self.weighting, self.normalise, self.masking)
+        return LossSpec(self.vocab and self.vocab.to(device), self.weighting, self.normalise, self.masking,
+                        self.critic and self.critic.to(device))
 
     def mask(self, ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor,
              generator: torch.Generator | None = None) -> MaskedBatch:

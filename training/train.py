@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from unimodal.backbone.dit import DiT
 from unimodal.training.checkpoint import resumed_config, save_atomic
+from unimodal.training.critic import AttributeSwaps, CriticSpec, critic_objective
 from unimodal.training.objective import (MASKINGS, NORMALISERS, WEIGHTINGS, LossSpec, TargetVocab, mask_targets, masked_diffusion_loss,
                                 masked_token_accuracy, next_token_accuracy, next_token_loss, sparse_diffusion_loss)
 from unimodal.training.optim import warmup_cosine
@@ -35,6 +36,8 @@ from unimodal.core.errors import DataError, InputError
 from unimodal.training.data.sources import data_kind, dataset_names, resolve_data
 from unimodal.core.int8 import load_pretrained
 
+CRITIC_WEIGHT = 0.1  # --critic-weight to train the critic with: its BCE (~0.7 untrained, ~0.1-0.3 trained) then
+# weighs about a tenth of the denoising loss (~1-4 per token), so the shared backbone keeps serving the generator
 OBJECTIVES = ("diffusion", "ar")  # masked diffusion (the model) or next-token prediction (its autoregressive twin)
 VAL_RATIOS = (0.15, 0.35, 0.55, 0.75, 0.95)  # fixed mask ratios of the validation loss (low variance)
 
@@ -68,6 +71,13 @@ class TrainConfig:
     snapshots: list = field(default_factory=list)  # steps at which to also write OUT/model-stepN
     init_from: str | None = None  # a model folder whose backbone weights start the run (fine-tuning)
     max_audio_seconds: float = MAX_AUDIO_SECONDS  # the audio segment's length: this many seconds of codes
+    # The learned critic (training/critic.py): weight of its loss beside the denoising loss. 0 (the default) leaves
+    # the critic head out of the step, the graph and the optimizer: it costs a second forward and backward over
+    # ``critic_share`` of the rows (at 0.25 about a quarter more model compute per step, counted, not timed) and
+    # its worth over the free confidence critic is not measured yet, so a run opts in (CRITIC_WEIGHT).
+    critic_weight: float = 0.0
+    critic_share: float = 0.25  # of the step's rows, those filled by the model and critiqued
+    critic_swap_rate: float = 0.1  # each critiqued row swaps up to this share of its codes and attribute words
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -82,10 +92,29 @@ class TrainConfig:
         if self.loss_weighting not in WEIGHTINGS or self.loss_norm not in NORMALISERS:
             raise InputError(f"loss weighting must be one of {WEIGHTINGS} and normalisation one of {NORMALISERS}, "
                              f"got {self.loss_weighting!r} and {self.loss_norm!r}")
+        self._check_critic()
 
-    def loss_spec(self, layout) -> LossSpec:
+    def _check_critic(self) -> None:
+        if not (isinstance(self.critic_weight, (int, float)) and math.isfinite(self.critic_weight)
+                and self.critic_weight >= 0):
+            raise InputError(f"critic_weight must be a finite number >= 0 (0: no critic), got {self.critic_weight!r}")
+        if not 0 < self.critic_share <= 1 or not 0 <= self.critic_swap_rate < 1:
+            raise InputError(f"critic_share must lie in (0, 1] and critic_swap_rate in [0, 1), got "
+                             f"{self.critic_share!r} and {self.critic_swap_rate!r}")
+        if self.critic_weight > 0 and self.autoregressive:
+            raise InputError("the autoregressive twin has no critic: --critic-weight must be 0 with --objective ar")
+
+    @property
+    def trains_critic(self) -> bool:
+        """Whether the step trains the critic head (else the head is frozen and out of the optimizer)."""
+        return self.critic_weight > 0
+
+    def loss_spec(self, layout, attributes: AttributeSwaps | None = None) -> LossSpec:
+        """The step's loss; ``attributes``: the caption swaps of the critic's negatives (None: code swaps only)."""
+        critic = CriticSpec.of(layout, self.critic_weight, self.critic_share, self.critic_swap_rate, attributes) \
+            if self.trains_critic else None
         return LossSpec(TargetVocab.of(layout) if self.sparse_head else None, self.loss_weighting, self.loss_norm,
-                        self.masking)
+                        self.masking, critic)
 
     @property
     def autoregressive(self) -> bool:
@@ -152,9 +181,10 @@ def step_loss(model, batch: ExampleBatch, schedule: MaskSchedule, generator: tor
         return (x if rows == 1 else x.repeat(rows, *([1] * (x.dim() - 1)))).to(device, non_blocking=True)
 
     device = next(model.parameters()).device
-    segment_ids = on_device(b.segment_ids)
-    out = model(masked.noisy_ids.to(device), masked.t.to(device), segment_ids, on_device(b.positions),
-                on_device(batch.is_target), on_device(b.attention_mask), logits=spec.vocab is None)
+    inputs = (on_device(b.segment_ids), on_device(b.positions), on_device(batch.is_target),
+              on_device(b.attention_mask))
+    segment_ids = inputs[0]
+    out = model(masked.noisy_ids.to(device), masked.t.to(device), *inputs, logits=spec.vocab is None, critic=False)
     masked_on_device = type(masked)(*(x.to(device) for x in (masked.noisy_ids, masked.targets, masked.masked,
                                                                   masked.maskable, masked.t)))
     if spec.vocab is None:
@@ -163,9 +193,10 @@ def step_loss(model, batch: ExampleBatch, schedule: MaskSchedule, generator: tor
     else:
         loss, acc = sparse_diffusion_loss(unwrapped(model).output_logits, out.hidden, segment_ids,
                                           masked_on_device, spec.vocab, spec.weighting, spec.normalise)
-    # The critic head is trained by the critique objective; until then it takes part with weight 0 so that
-    # every parameter has a gradient (DDP requires it) without changing the loss.
-    return loss + 0.0 * out.critic.mean(), acc
+    if spec.critic is not None:
+        loss = loss + spec.critic.weight * critic_objective(model, unwrapped(model).output_logits, out.hidden,
+                                                            masked_on_device, inputs, spec.critic, generator)
+    return loss, acc
 
 
 class StepBatches(torch.utils.data.IterableDataset):
@@ -212,9 +243,8 @@ def ar_step_loss(model, batch: ExampleBatch):
     ids, predict = b.ids.to(device), batch.maskable.to(device)
     t = torch.zeros(ids.shape[0], device=device)  # a causal model sees clean tokens only
     out = model(ids, t, b.segment_ids.to(device), b.positions.to(device), batch.is_target.to(device),
-                b.attention_mask.to(device))
-    loss = next_token_loss(out.logits, ids, predict) + 0.0 * out.critic.mean()  # critic: see step_loss
-    return loss, next_token_accuracy(out.logits, ids, predict)
+                b.attention_mask.to(device), critic=False)
+    return next_token_loss(out.logits, ids, predict), next_token_accuracy(out.logits, ids, predict)
 
 
 def objective_loss(model, batch: ExampleBatch, cfg: "TrainConfig", schedule: MaskSchedule,
@@ -234,8 +264,8 @@ class CompiledForward(torch.nn.Module):
 
             torch._dynamo.config.suppress_errors = True
 
-    def forward(self, ids, t, segment_ids, positions, is_target, attention_mask, logits=True):
-        return self._compiled(ids, t, segment_ids, positions, is_target, attention_mask, logits)
+    def forward(self, ids, t, segment_ids, positions, is_target, attention_mask, logits=True, critic=True):
+        return self._compiled(ids, t, segment_ids, positions, is_target, attention_mask, logits, critic)
 
 
 class EMA:
@@ -369,7 +399,8 @@ def write_model_folder(directory: Path, model: DiT, ema: EMA, layout, codec_dir:
         for modality in CODEC_MODALITIES:
             shutil.copytree(codec_folder(codec_dir, modality), directory / modality, dirs_exist_ok=True)
     with open(directory / "training_config.json", "w") as f:
-        json.dump(asdict(cfg), f, indent=2)
+        # critic_trained: whether these weights' critic head was trained (critic="learned" refuses a model without)
+        json.dump({**asdict(cfg), "critic_trained": cfg.trains_critic}, f, indent=2)
     if datasets:
         from unimodal.core.grammar import known_vocabulary
 
@@ -506,8 +537,10 @@ def _accelerator(cfg: TrainConfig, options: RunOptions, progress: bool):
 
 
 def _optimizer(model: DiT, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters (without the critic head when the run does not train it)."""
     fused = {"fused": True} if device.type == "cuda" else {}  # one kernel for all parameters on a GPU
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay,
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay,
                              **fused)
 
 
@@ -530,7 +563,8 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
     train_tokens = _subset(run.train, cfg.train_subset)
     model, runner, optimizer, ema, history, start = _prepared_model(cfg, run, state, options, accelerator, progress)
     mixture, schedule = TaskMixture(cfg.task_weights, cfg.cond_drop), MaskSchedule()
-    spec, val_spec = cfg.loss_spec(run.layout).to(accelerator.device), validation_spec(run.layout).to(accelerator.device)
+    spec = cfg.loss_spec(run.layout, caption_swaps(cfg, run, progress and main)).to(accelerator.device)
+    val_spec = validation_spec(run.layout).to(accelerator.device)
     workers = options.workers if options.workers is not None else (
         min(8, max(0, (os.cpu_count() or 1) - 2)) if accelerator.device.type == "cuda" else 0)
     bar = tqdm(total=cfg.steps, initial=start, desc="train", disable=not (progress and main))
@@ -584,6 +618,22 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
     return out_dir / "model"
 
 
+def caption_swaps(cfg: TrainConfig, run: RunData, log: bool) -> AttributeSwaps | None:
+    """The critic's caption negatives, from the run's text codec; None when the run trains no critic or has no
+    codec (a pack: code swaps only, said once)."""
+    if not cfg.trains_critic:
+        return None
+    if run.codec_dir is None:
+        if log:
+            print("critic: no text codec in this run (a pack), so no caption attribute swaps; code swaps only",
+                  flush=True)
+        return None
+    from unimodal.tokenizers_mm.text import TextCodec
+    from unimodal.training.tokens import codec_folder
+
+    return AttributeSwaps.of(TextCodec.from_pretrained(codec_folder(run.codec_dir, "text")), run.layout)
+
+
 def _subset(tokens: list[dict], subset: int | None) -> list[dict]:
     if subset is None:
         return tokens
@@ -601,17 +651,33 @@ def _prepared_model(cfg: TrainConfig, run: RunData, state: dict | None, options:
                                                                   "causal": cfg.autoregressive})
     if cfg.init_from and state is None:
         load_initial_weights(model, cfg.init_from, run.layout, log=accelerator.is_main_process and progress)
+    model.critic_head.requires_grad_(cfg.trains_critic)  # off: no gradient, not in the optimizer nor DDP's buckets
     optimizer = _optimizer(model, cfg, accelerator.device)
     ema, history, start = EMA(model, cfg.ema_decay), [], 0
     if state is not None:
         model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        optimizer.load_state_dict(trainable_optimizer_state(state["optimizer"], model))
         ema.shadow, history, start = state["ema"], state["history"], state["step"]
     compiled = options.compile if options.compile is not None else accelerator.device.type == "cuda"
     model.to(accelerator.device)
     runner, optimizer = accelerator.prepare(CompiledForward(model) if compiled else model, optimizer)
     ema.to(accelerator.device)
     return model, runner, optimizer, ema, history, start
+
+
+def trainable_optimizer_state(saved: dict, model: DiT) -> dict:
+    """An optimizer state to resume with. Checkpoints written before the critic objective hold every parameter
+    (the critic head included); a run that does not train the critic optimises the others only, so such a state
+    is cut to the trainable parameters, in order. Any other state is returned as it is."""
+    trainable = [i for i, p in enumerate(model.parameters()) if p.requires_grad]
+    groups = saved["param_groups"]
+    total = sum(1 for _ in model.parameters())
+    if len(groups) != 1 or len(groups[0]["params"]) != total or len(trainable) == total:
+        return saved
+    old_ids = groups[0]["params"]
+    kept = {old_ids[i]: new for new, i in enumerate(trainable)}
+    return {"state": {kept[k]: v for k, v in saved["state"].items() if k in kept},
+            "param_groups": [{**groups[0], "params": list(range(len(trainable)))}]}
 
 
 def _optimizer_step(runner, optimizer, accelerator, chunks, cfg: TrainConfig, schedule: MaskSchedule,
@@ -687,6 +753,12 @@ def add_arguments(parser) -> None:
                         help="one mask per sample at ratio t, or complementary: each sample also with the "
                              "complement of its mask, so every target token is trained each step (2x the rows: "
                              "halve --batch-size for the same compute)")
+    parser.add_argument("--critic-weight", type=float, default=TrainConfig.critic_weight,
+                        help=f"train the critic head (critic='learned' in refine) with this weight beside the "
+                             f"denoising loss; 0 (default): off, the head takes no part; {CRITIC_WEIGHT} to train it")
+    parser.add_argument("--critic-share", type=float, default=TrainConfig.critic_share,
+                        help="share of each step's rows the model fills and the critic is trained on (second "
+                             "forward and backward over them)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when there is a GPU), cpu or cuda")
     parser.add_argument("--compile", dest="compile", action="store_true", default=None,
                         help="run the forward under torch.compile (default: on CUDA only)")
@@ -770,6 +842,7 @@ def run_from_args(args) -> int:
                      loss_weighting=args.loss_weighting, loss_norm=args.loss_norm, masking=args.masking,
                      objective=args.objective, train_subset=args.train_subset, snapshots=args.snapshots,
                      ema_decay=args.ema_decay, init_from=args.init_from, max_audio_seconds=args.max_audio_seconds,
+                     critic_weight=args.critic_weight, critic_share=args.critic_share,
                      **({} if args.tasks is None else {"task_weights": args.tasks}))
     if args.fit_steps and args.max_minutes is None:
         raise InputError("--fit-steps fits the run to --max-minutes; give both")

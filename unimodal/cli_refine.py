@@ -5,6 +5,7 @@
     unimodal edit --in gen.png --box 0,16,32,48 --prompt "a small blue circle on the left" --out edited.png
     unimodal bench refine --n 64 --out bench-refine/
     unimodal bench refine --n 64 --corrupt 0.25 --out bench-repair/
+    unimodal bench refine --n 64 --mistakes 0.5 --critics confidence,learned,random --out bench-mistakes/
 """
 
 from __future__ import annotations
@@ -107,7 +108,9 @@ def _cmd_edit(args) -> int:
 
 
 def _cmd_bench_refine(args) -> int:
-    from unimodal.bench_refine import bench_refine, bench_repair, format_repair, format_table
+    from unimodal.bench_refine import (bench_mistakes, bench_refine, bench_repair, format_mistakes, format_repair,
+                                       format_table)
+    from unimodal.refine import require_trained_critic
     from unimodal.inference.evaluate import model_hash
     from unimodal.eval_cases import load_cases
     from unimodal.serve import load_pipeline, resolve_model_dir
@@ -115,9 +118,16 @@ def _cmd_bench_refine(args) -> int:
     critics = [_critic(c.strip()) for c in args.critics.split(",") if c.strip()]
     model_dir = resolve_model_dir(args.model)
     pipe = load_pipeline(model_dir, args.device)
-    cases, _ = load_cases("scenes", args.split, args.n, speech=args.corrupt is not None and args.modality == "audio")
+    for critic in critics:  # before any case is loaded or drawn
+        require_trained_critic(pipe, critic)
+    per_token = args.corrupt is not None or args.mistakes is not None
+    cases, _ = load_cases("scenes", args.split, args.n, speech=per_token and args.modality == "audio")
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    if args.corrupt is not None:
+    if args.mistakes is not None:
+        report = bench_mistakes(pipe, cases, critics, args.mistakes, args.seed, modality=args.modality,
+                                progress=progress)
+        table = format_mistakes(report)
+    elif args.corrupt is not None:
         if not 0 < args.corrupt < 1:
             raise InputError(f"--corrupt is the share of codes to corrupt, in (0, 1); got {args.corrupt}")
         report = bench_repair(pipe, cases, critics, args.corrupt, args.rounds, args.seed, progress=progress,
@@ -202,8 +212,11 @@ def add_bench_refine_command(bench) -> None:
     sub.add_argument("--threshold", type=float, default=None, help="flag only tokens scored below this (0.5)")
     sub.add_argument("--corrupt", type=float, default=None, help="instead: corrupt this share of the codes of the "
                      "real test pictures and measure how much refine restores (and each critic's AUROC)")
+    sub.add_argument("--mistakes", type=float, default=None, help="instead: re-mask this share of the real test "
+                     "tokens, let the model regenerate them, and measure each critic's AUROC on the ones it got wrong "
+                     "(the learned critic against the confidence score: --critics confidence,learned,random)")
     sub.add_argument("--modality", default="image", choices=["image", "text", "audio"],
-                     help="--corrupt: whose tokens to corrupt (image codes, caption tokens, speech codes)")
+                     help="--corrupt / --mistakes: whose tokens (image codes, caption tokens, speech codes)")
     sub.add_argument("--out", default="bench-refine", help="folder for bench_refine.json")
     sub.set_defaults(func=_cmd_bench_refine)
 

@@ -74,7 +74,8 @@ class UniModal(DiffusionPipeline):
 
     def __init__(self, backbone: DiT, tokenizer: PreTrainedTokenizerFast, image_vq: ImageVQModel,
                  audio_vq: AudioVQModel, scheduler: MaskedDiffusionScheduler, vocoder: MelVocoder | None = None,
-                 layout: dict | None = None, task_weights: dict | None = None, vocabulary: dict | None = None):
+                 layout: dict | None = None, task_weights: dict | None = None, vocabulary: dict | None = None,
+                 critic_trained: bool = False):
         super().__init__()
         if layout is None:
             raise DataError("a UniModal pipeline needs its layout (the shared vocabulary of the trained model); "
@@ -83,7 +84,8 @@ class UniModal(DiffusionPipeline):
         self.register_modules(backbone=backbone, tokenizer=tokenizer, image_vq=image_vq, audio_vq=audio_vq,
                               scheduler=scheduler, vocoder=vocoder)
         self.register_to_config(layout=layout.to_dict(), task_weights=dict(task_weights) if task_weights else None,
-                                vocabulary=dict(vocabulary) if vocabulary else None)
+                                vocabulary=dict(vocabulary) if vocabulary else None,
+                                critic_trained=bool(critic_trained))  # critic="learned" needs it (refine.py)
         self.layout = layout
         self._codecs: dict[str, Codec] = {}
         self._lock = threading.RLock()
@@ -125,7 +127,8 @@ class UniModal(DiffusionPipeline):
         codecs = load_codecs(folder)
         parts = {name: part for codec in codecs.values() for name, part in codec_parts(codec).items()}
         return cls(backbone=backbone, scheduler=MaskedDiffusionScheduler(), layout=Layout.load(folder).to_dict(),
-                   task_weights=_training_task_weights(folder), vocabulary=_vocabulary(folder), **parts)
+                   task_weights=_training_task_weights(folder), vocabulary=_vocabulary(folder),
+                   critic_trained=_critic_trained(folder), **parts)
 
     def _check_components(self) -> None:
         layout = self.layout
@@ -591,6 +594,18 @@ def _training_task_weights(folder: Path) -> dict | None:
     except (json.JSONDecodeError, AttributeError) as error:
         raise DataError(f"{path} is not a valid training config: {error}") from error
     return {str(k): float(v) for k, v in weights.items()} if isinstance(weights, Mapping) else None
+
+
+def _critic_trained(folder: Path) -> bool:
+    """Whether the run that wrote these weights trained the critic head (``critic_trained`` in
+    training_config.json; folders from before the critic objective have none: never trained)."""
+    path = folder / TRAINING_CONFIG
+    if not path.is_file():
+        return False
+    try:
+        return json.loads(path.read_text()).get("critic_trained") is True
+    except (json.JSONDecodeError, AttributeError) as error:
+        raise DataError(f"{path} is not a valid training config: {error}") from error
 
 
 __all__ = ["UniModal"]

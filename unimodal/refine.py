@@ -28,7 +28,7 @@ from unimodal.inference.critique import Draft, flagged, make_critic, make_draft,
 from unimodal.inference.refine import RefineConfig, regenerate
 from unimodal.inference.refine import refine as refine_draft
 from unimodal.tokenizers_mm.layout import MODALITIES
-from unimodal.core.errors import InputError
+from unimodal.core.errors import InputError, SettingError
 from unimodal.core.grammar import POSITIONS, SIZES, parse_scene_caption, scenes_equal
 from unimodal.inputs import as_audio, as_image, as_text
 from unimodal.core.paths import atomic_write
@@ -148,9 +148,20 @@ def _scoring_cfg(pipe, draft: Draft, cfg):
 # ---- critique -----------------------------------------------------------------------------------------------
 
 
+def require_trained_critic(pipe, critic) -> None:
+    """Refuse ``critic="learned"`` on a model whose critic head was never trained: its scores would be noise
+    (an untrained head says 0.5 everywhere), not a judgement."""
+    if critic == "learned" and not getattr(pipe.config, "critic_trained", False):
+        raise SettingError("critic='learned' reads the backbone's critic head, and this model's was never trained "
+                           "(its training_config.json has no \"critic_trained\": true). Train it by fine-tuning "
+                           "with the critic objective: unimodal train --init-from MODEL_FOLDER --critic-weight 0.1 "
+                           "--data ... --out RUN (docs/critique.md), or use critic='confidence' (training-free)")
+
+
 def critique(pipe, result, text=None, image=None, audio=None, critic="confidence", fraction: float = 0.25,
              threshold: float = 0.5, groups: int = 4, cfg=None, check: bool = False, seed: int = 0) -> Critique:
     """Per-token scores, flagged regions and a picture of them; ``check`` also reads the output back."""
+    require_trained_critic(pipe, critic)
     result = as_result(pipe, result)
     with pipe._lock:
         draft = draft_of(pipe, result, {"text": text, "image": image, "audio": audio})
@@ -238,6 +249,7 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
     :meth:`UniModal.generate` takes them; their steps are set per round unless ``regen_steps``);
     ``on_round(r, result)``: called after each round that ran with the result as it stands (for benchmarks).
     """
+    require_trained_critic(pipe, critic)
     result = as_result(pipe, result)
     config = RefineConfig(rounds=rounds, budget=budget, fraction=fraction, threshold=threshold, groups=groups,
                           regen_steps=regen_steps, seed=seed)
