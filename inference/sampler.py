@@ -428,6 +428,7 @@ def _generate_group(model, layout: Layout, group: list[PreparedRequest], config:
     return [_result(layout, item, tokens.rows(torch.tensor([row], device=device)), history[row], len(scales))
             for row, item in enumerate(group)]
 
+
 def _result(layout: Layout, item: PreparedRequest, final: _Tokens, history: _History, n_terms: int) -> SampleResult:
     ids, confidence, committed_at = final.ids[0].cpu(), final.confidence[0].cpu(), final.committed_at[0].cpu()
     target = Packed(ids, item.target.segment_ids, item.target.positions, item.target.spans)
