@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from unimodal.inference.sampler import (Request, SampleResult, SamplerConfig, _draw, _groups, _Prepared,
-                               prepare_requests)
+from unimodal.inference.sampler import (PreparedRequest, Request, SampleResult, SamplerConfig, group_requests,
+                                        prepare_requests)
+from unimodal.inference.unmasking import draw_tokens
 from unimodal.tokenizers_mm.layout import MARKERS, PAD, Layout, Packed, Segment, collate
 from unimodal.core.errors import InputError
 
@@ -42,7 +43,7 @@ def generate_autoregressive(model, layout: Layout, requests: Request | Sequence[
             raise InputError(f"request {item.index}: an autoregressive model cannot regenerate parts of a given "
                              f"target (start_ids); only the diffusion model edits")
     results: list[SampleResult | None] = [None] * len(prepared)
-    for group in _groups(prepared, config.max_batch_size):
+    for group in group_requests(prepared, config.max_batch_size):
         for item, result in zip(group, _decode_group(model, layout, group, config)):
             results[item.index] = result
     return results
@@ -63,7 +64,7 @@ class _Row:
     commits: list = field(default_factory=list)
 
 
-def _decode_group(model, layout: Layout, group: list[_Prepared], config: SamplerConfig) -> list[SampleResult]:
+def _decode_group(model, layout: Layout, group: list[PreparedRequest], config: SamplerConfig) -> list[SampleResult]:
     device = model.device
     target = group[0].target  # one target structure per group
     rows = [_Row(target.spans) for _ in group]
@@ -72,8 +73,8 @@ def _decode_group(model, layout: Layout, group: list[_Prepared], config: Sampler
                for span in target.spans}
     logits, cache = _prefix(model, layout, group, target, device)
     while not all(row.done for row in rows):
-        sampled, prob = _draw(logits[:, None], torch.stack([allowed[_modality(r)] for r in rows])[:, None],
-                              generators, config)
+        sampled, prob = draw_tokens(logits[:, None], torch.stack([allowed[_modality(r)] for r in rows])[:, None],
+                                    generators, config)
         feed = [_advance(layout, row, int(sampled[i, 0]), float(prob[i, 0]), len(row.commits))
                 for i, row in enumerate(rows)]
         if all(row.done for row in rows):
@@ -86,7 +87,7 @@ def _modality(row: _Row) -> str:
     return row.spans[min(row.span, len(row.spans) - 1)].modality
 
 
-def _prefix(model, layout: Layout, group: list[_Prepared], target: Packed, device):
+def _prefix(model, layout: Layout, group: list[PreparedRequest], target: Packed, device):
     """Conditions and the first target's BEGIN marker in one causal pass: the next-token logits (B, V) and the cache."""
     begin = Packed(target.ids[:1], target.segment_ids[:1], target.positions[:1], ())
     packed = []
@@ -152,7 +153,7 @@ def _feed(model, target: Packed, rows: list[_Row], feed: list, cache, device):
     return out.logits[:, 0], cache
 
 
-def _result(layout: Layout, item: _Prepared, row: _Row) -> SampleResult:
+def _result(layout: Layout, item: PreparedRequest, row: _Row) -> SampleResult:
     segments, tokens, confidence, committed_at = [], {}, {}, {}
     for span in item.target.spans:
         m = span.modality

@@ -4,19 +4,21 @@
 model, reads no global state and, given a seed, returns the same tokens every time. A :class:`Request` holds
 its conditions (plain segments, local ids) and its targets (``layout.target_segment(...)`` or a modality name).
 
-Every target slot starts as MASK (or as given in ``Request.start_ids``, for edits). A step is one model call:
+Every target slot starts as MASK (or as given in ``Request.start_ids``, for edits). A step is one model call
+(:func:`_generate_group` is the loop, on one screen):
 
 1. the targets go through ``model.forward_targets`` against the condition cache, which ``encode_condition``
    built once for the whole batch (``use_cache=False`` runs ``model.forward`` on [conditions; targets] instead,
    same tokens); ``t`` is each sample's fraction of still-masked target slots, as in training;
 2. classifier-free guidance, conditional and unconditional rows in that same call (see :class:`SamplerConfig`);
 3. logits of a slot are restricted to ``layout.allowed_ids`` of its segment (codes; text/audio also END, PAD);
-4. a token is drawn per slot (argmax, or Gumbel-max with temperature / top-k / top-p from the request's own
-   seeded generator); its confidence is its probability under the restricted, untempered distribution;
-5. some masked slots are committed, by mode: ``confidence`` (fixed schedule, most confident first),
-   ``threshold`` (every slot with confidence >= tau, at least one) or ``semi_ar`` (blocks left to right, one of
-   those rules inside each block);
-6. text/audio stay well formed: after the first END (or PAD) of a segment every later slot becomes PAD at once,
+4. ``scheduler.step`` (:class:`unimodal.inference.unmasking.UnmaskingScheduler`, the one commit rule) draws a
+   token per slot (argmax, or Gumbel-max with temperature / top-k / top-p from the request's own seeded
+   generator; its confidence is its probability under the restricted, untempered distribution) and commits
+   some masked slots, by mode: ``confidence`` (fixed schedule, most confident first), ``threshold`` (every
+   slot with confidence >= tau, at least one) or ``semi_ar`` (blocks left to right, one of those rules inside
+   each block);
+5. text/audio stay well formed: after the first END (or PAD) of a segment every later slot becomes PAD at once,
    costing no model call; in ``semi_ar`` that is what stops further blocks from opening.
 
 Requests with the same target structure and the same guidance terms run as one batch; each request draws its
@@ -27,114 +29,18 @@ never changes a request's tokens (up to floating-point ties).
 from __future__ import annotations
 
 import math
-import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from numbers import Real
 
 import torch
 
-from unimodal.tokenizers_mm.layout import EOS, MARKERS, MASK, MODALITIES, PAD, Batch, Layout, Packed, Segment, collate
+from unimodal.inference.unmasking import (BLOCK_MODES, MODES, SAMPLER_SETTINGS, SCHEDULES, SamplerConfig,
+                                          UnmaskingScheduler, UnmaskingStepOutput, masked_after_step,
+                                          pad_after_end, slot_blocks)
+from unimodal.tokenizers_mm.layout import MARKERS, MASK, MODALITIES, Batch, Layout, Packed, Segment, collate
 from unimodal.core.errors import InputError
-
-MODES = ("confidence", "threshold", "semi_ar")
-BLOCK_MODES = ("confidence", "threshold")
-# Fraction of the slots still masked once a fraction ``progress`` of the steps is done.
-KEPT_FRACTION = {"cosine": lambda progress: math.cos(math.pi / 2 * progress), "linear": lambda progress: 1.0 - progress}
-SCHEDULES = tuple(KEPT_FRACTION)
-_NO_BLOCK = 2**62  # block index of non-slot positions: never the current block
-
-
-# ---- settings -----------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SamplerConfig:
-    """How to sample. Validated on construction (:class:`InputError` names the field and what it accepts).
-
-    ``mode``: ``confidence`` (MaskGIT): a fixed number of steps, each committing the most confident masked
-    slots so that the masked count follows ``schedule``; ``threshold`` (Fast-dLLM): each step commits every
-    masked slot whose confidence is >= ``tau`` (at least the most confident one), so the step count adapts;
-    ``semi_ar`` (LLaDA, for long text): each target segment's slots are cut into blocks of ``block_length``,
-    decoded left to right with ``block_mode`` inside each; an END ends its segment, so no later block of it
-    opens (images, which have no END, are decoded block by block in raster order).
-    ``steps``: model calls in ``confidence`` mode (fewer when a step would commit nothing); the cap in
-    ``threshold`` mode; per block in ``semi_ar``. ``schedule``: how many slots stay masked after step s of n
-    (``cosine``: N cos(pi/2 (s+1)/n); ``linear``: N (1 - (s+1)/n), both floored). ``tau``: confidence threshold.
-    ``temperature`` 0 means argmax; ``top_k`` 0 and ``top_p`` 1 disable those filters.
-    ``cfg``: classifier-free guidance. A number s guides on all conditions at once:
-    ``uncond + s (cond - uncond)`` with every condition dropped. A mapping ``{"text": 3.0}`` guides per condition
-    modality, composably: ``cond + sum_m (s_m - 1) (cond - cond_without_m)``, one extra row per guided modality
-    present in the request (with one condition modality both forms agree). Scale 1 (or None) is plain
-    conditional sampling, one row. ``seed``: request i uses ``seed + i`` (None: a fresh seed, reported in the
-    result). ``block_length`` / ``block_mode``: ``semi_ar`` block size and the rule inside a block.
-    """
-
-    steps: int = 16
-    mode: str = "confidence"
-    schedule: str = "cosine"
-    tau: float = 0.9
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    choice_temperature: float = 0.0
-    cfg: float | Mapping[str, float] | None = None
-    seed: int | None = 0
-    block_length: int = 16
-    block_mode: str = "confidence"
-    use_cache: bool = True
-    max_batch_size: int = 64
-
-    def __post_init__(self):
-        for name, low in (("steps", 1), ("top_k", 0), ("block_length", 1), ("max_batch_size", 1)):
-            _check_int(name, getattr(self, name), low)
-        for name, choices in (("mode", MODES), ("schedule", SCHEDULES), ("block_mode", BLOCK_MODES)):
-            if getattr(self, name) not in choices:
-                raise InputError(f"SamplerConfig.{name} must be one of {choices}, got {getattr(self, name)!r}")
-        _check_real("tau", self.tau, "in (0, 1]", lambda x: 0 < x <= 1)
-        _check_real("temperature", self.temperature, ">= 0", lambda x: x >= 0)
-        _check_real("top_p", self.top_p, "in (0, 1]", lambda x: 0 < x <= 1)
-        _check_real("choice_temperature", self.choice_temperature, ">= 0", lambda x: x >= 0)
-        if self.seed is not None:
-            _check_int("seed", self.seed, 0, "a non-negative int below 2**62 or None", high=2**62)
-        if not isinstance(self.use_cache, bool):
-            raise InputError(f"SamplerConfig.use_cache must be a bool, got {self.use_cache!r}")
-        object.__setattr__(self, "cfg", _checked_cfg(self.cfg))
-
-
-def _check_int(name: str, value, low: int, accepted: str | None = None, owner: str = "SamplerConfig",
-               high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value >= high):
-        raise InputError(f"{owner}.{name} must be {accepted or f'an int >= {low}'}, got {value!r}")
-
-
-def _check_real(name: str, value, accepted: str, ok: Callable[[float], bool]) -> None:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or not ok(value):
-        raise InputError(f"SamplerConfig.{name} must be a number {accepted}, got {value!r}")
-
-
-def _checked_cfg(cfg):
-    """None, a scale >= 0, or {condition modality: scale >= 0} (copied, so the config stays immutable)."""
-    if cfg is None or (isinstance(cfg, Real) and not isinstance(cfg, bool)):
-        if cfg is not None:
-            _check_real("cfg", cfg, ">= 0 (or a mapping modality -> scale)", lambda x: x >= 0)
-        return cfg
-    if not isinstance(cfg, Mapping):
-        raise InputError(f"SamplerConfig.cfg must be None, a scale >= 0 or a mapping modality -> scale, got {cfg!r}")
-    for modality, scale in cfg.items():
-        if modality not in MODALITIES:
-            raise InputError(f"SamplerConfig.cfg keys must be condition modalities {MODALITIES}, got {modality!r}")
-        _check_real(f"cfg[{modality!r}]", scale, ">= 0", lambda x: x >= 0)
-    return dict(cfg)
-
-
-def masked_after_step(n_masked: int, step: int, steps: int, schedule: str) -> int:
-    """Slots of ``n_masked`` still masked after step ``step`` (0-based) of ``steps``; 0 after the last step."""
-    if step >= steps - 1:
-        return 0
-    # The epsilon keeps products that are integers in exact arithmetic (10 * 0.8) from flooring one too low.
-    return math.floor(n_masked * KEPT_FRACTION[schedule]((step + 1) / steps) + 1e-9)
-
+from unimodal.core.seeds import check_seed, fresh_seed
 
 # ---- requests and results -----------------------------------------------------------------------------------------
 
@@ -184,8 +90,9 @@ class SampleResult:
 
 
 @dataclass(eq=False)
-class _Prepared:
-    """A validated request: packed targets, start ids, condition segments, guidance terms, seed."""
+class PreparedRequest:
+    """A validated request: packed targets, start ids, condition segments, guidance terms, seed (what
+    :func:`prepare_requests` returns, for any decoding loop)."""
 
     index: int
     conditions: list[Segment]
@@ -209,14 +116,14 @@ def generate(model, layout: Layout, requests: Request | Sequence[Request],
     """Fill the targets of each request; one :class:`SampleResult` per request, in order."""
     config, prepared = prepare_requests(model, layout, requests, config, "generate")
     results: list[SampleResult | None] = [None] * len(prepared)
-    for group in _groups(prepared, config.max_batch_size):
-        for item, result in zip(group, _run_group(model, layout, group, config)):
+    for group in group_requests(prepared, config.max_batch_size):
+        for item, result in zip(group, _generate_group(model, layout, group, config)):
             results[item.index] = result
     return results
 
 
 def prepare_requests(model, layout: Layout, requests, config: SamplerConfig | None,
-                     caller: str) -> tuple[SamplerConfig, list[_Prepared]]:
+                     caller: str) -> tuple[SamplerConfig, list[PreparedRequest]]:
     """The config (default if None) and the validated requests, seeded; shared by every decoding loop."""
     config = SamplerConfig() if config is None else config
     if not isinstance(config, SamplerConfig):
@@ -225,7 +132,7 @@ def prepare_requests(model, layout: Layout, requests, config: SamplerConfig | No
     if not requests:
         raise InputError(f"{caller} needs at least one Request")
     _check_model(model, layout)
-    base_seed = secrets.randbits(62) if config.seed is None else config.seed
+    base_seed = fresh_seed() if config.seed is None else config.seed
     return config, [_prepare(layout, request, index, config, base_seed) for index, request in enumerate(requests)]
 
 
@@ -237,9 +144,10 @@ def _check_model(model, layout: Layout) -> None:
         raise InputError("the model is in training mode with dropout; call model.eval() before sampling")
 
 
-def _groups(prepared: list[_Prepared], max_batch_size: int) -> list[list[_Prepared]]:
-    """Requests with the same target structure and guidance scales, in chunks of ``max_batch_size``."""
-    by_key: dict[tuple, list[_Prepared]] = {}
+def group_requests(prepared: list[PreparedRequest], max_batch_size: int) -> list[list[PreparedRequest]]:
+    """The batches a decoding loop runs: requests with the same target structure and guidance scales, in
+    chunks of ``max_batch_size``."""
+    by_key: dict[tuple, list[PreparedRequest]] = {}
     for item in prepared:
         by_key.setdefault(item.group_key, []).append(item)
     return [items[i:i + max_batch_size] for items in by_key.values() for i in range(0, len(items), max_batch_size)]
@@ -248,7 +156,7 @@ def _groups(prepared: list[_Prepared], max_batch_size: int) -> list[list[_Prepar
 # ---- validating a request -----------------------------------------------------------------------------------------
 
 
-def _prepare(layout: Layout, request: Request, index: int, config: SamplerConfig, base_seed: int) -> _Prepared:
+def _prepare(layout: Layout, request: Request, index: int, config: SamplerConfig, base_seed: int) -> PreparedRequest:
     where = f"request {index}"
     if not isinstance(request, Request):
         raise InputError(f"{where} must be a Request, got {type(request).__name__}")
@@ -264,9 +172,9 @@ def _prepare(layout: Layout, request: Request, index: int, config: SamplerConfig
     target = layout.pack(targets)
     start_ids = _start_ids(layout, target, request.start_ids, where)
     if request.seed is not None:
-        _check_int("seed", request.seed, 0, "a non-negative int below 2**63 or None", f"{where}: Request", 2**63)
+        check_seed(request.seed, f"{where}: Request.seed")
     seed = base_seed + index if request.seed is None else request.seed
-    return _Prepared(index, conditions, target, start_ids,
+    return PreparedRequest(index, conditions, target, start_ids,
                      _guidance_terms(config.cfg, {s.modality for s in conditions}), seed)
 
 
@@ -347,7 +255,7 @@ class _TargetInfo:
     segment_ids: torch.Tensor  # (L,)
     positions: torch.Tensor  # (L, 2)
     slots: torch.Tensor  # (L,) bool
-    block_of: torch.Tensor  # (L,) long: semi_ar block of each slot; _NO_BLOCK elsewhere
+    block_of: torch.Tensor  # (L,) long: block of each slot (unmasking.slot_blocks); NO_BLOCK elsewhere
     allowed: torch.Tensor  # (L, V) bool: ids each slot may take (all ids at non-slots, never sampled there)
     sequences: list[tuple[torch.Tensor, int]] = field(default_factory=list)  # text/audio: (slot indices, END id)
 
@@ -358,26 +266,21 @@ class _TargetInfo:
 
 def _target_info(layout: Layout, target: Packed, config: SamplerConfig, device) -> _TargetInfo:
     allowed = torch.ones(len(target), layout.vocab_size, dtype=torch.bool)
-    block_of = torch.full((len(target),), _NO_BLOCK, dtype=torch.long)
-    sequences, first_block = [], 0
+    segments, sequences = [], []
     for span in target.spans:
         slots = torch.tensor(list(span.slots), dtype=torch.long)
         allowed[slots] = layout.allowed_ids(span.modality)
-        if config.mode == "semi_ar":  # blocks never straddle two segments: each segment starts a new block
-            block_of[slots] = first_block + torch.arange(len(slots)) // config.block_length
-            first_block = int(block_of[slots].max()) + 1
-        else:  # one window over every target slot
-            block_of[slots] = 0
+        segments.append(slots)
         if span.modality != "image":
             sequences.append((slots.to(device), MARKERS[span.modality][1]))
     return _TargetInfo(target.segment_ids.to(device), target.positions.to(device), _slot_mask(target).to(device),
-                       block_of.to(device), allowed.to(device), sequences)
+                       slot_blocks(segments, len(target), config).to(device), allowed.to(device), sequences)
 
 
 # ---- one model call per step: conditions, guidance rows, cache ----------------------------------------------------
 
 
-def _condition_rows(layout: Layout, group: list[_Prepared]) -> Batch:
+def _condition_rows(layout: Layout, group: list[PreparedRequest]) -> Batch:
     """Conditions of every row, pass-major: the full conditions of each request, then one block per guidance
     term with that term's modalities dropped. Rows without conditions are all padding."""
     rows = [item.conditions for item in group]
@@ -445,121 +348,7 @@ def _guided(logits: torch.Tensor, scales: Sequence[float]) -> torch.Tensor:
     return guided
 
 
-# ---- drawing tokens -----------------------------------------------------------------------------------------------
-
-
-def _filtered(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Scores (..., V) with everything outside the top-k / the top-p nucleus set to -inf."""
-    if 0 < top_k < scores.shape[-1]:
-        kth = scores.topk(top_k, dim=-1).values[..., -1:]  # (..., 1)
-        scores = scores.masked_fill(scores < kth, -math.inf)
-    if top_p < 1.0:
-        ordered, order = scores.sort(dim=-1, descending=True)
-        probs = ordered.softmax(-1)
-        outside = probs.cumsum(-1) - probs > top_p  # the mass before this token already exceeds top_p
-        scores = scores.masked_fill(outside.scatter(-1, order, outside), -math.inf)
-    return scores
-
-
-def _gumbel(shape, generator: torch.Generator, device) -> torch.Tensor:
-    # float64: in float32 the Gumbel tail is coarse, which skews low-temperature sampling (noted by LLaDA).
-    uniform = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
-    return -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float64).tiny)))
-
-
-def _draw(logits: torch.Tensor, allowed: torch.Tensor, generators: list[torch.Generator],
-          config: SamplerConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(b, L, V) logits -> chosen ids (b, L) and their probability (b, L) under the restricted distribution."""
-    logits = logits.masked_fill(~allowed, -math.inf)  # (b, L, V)
-    if config.temperature == 0:
-        chosen = logits.argmax(-1)  # (b, L)
-    else:
-        scores = _filtered(logits / config.temperature, config.top_k, config.top_p).double()  # (b, L, V)
-        noise = torch.stack([_gumbel(scores.shape[1:], g, scores.device) for g in generators])  # (b, L, V)
-        chosen = (scores + noise).argmax(-1)  # (b, L)
-    probs = logits.softmax(-1)  # (b, L, V)
-    return chosen, probs.gather(-1, chosen[..., None]).squeeze(-1)
-
-
-# ---- which slots to commit ----------------------------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class _Progress:
-    """Per sample of a group: its current block and step within it, and what it has done so far."""
-
-    block: int = -1
-    block_step: int = 0
-    block_size: int = 0
-    commits: list[int] = field(default_factory=list)
-    structural_pads: int = 0
-
-
-def _windows(info: _TargetInfo, masked: torch.Tensor, progress: list[_Progress]) -> torch.Tensor:
-    """(b, L) masked slots each sample may commit now (its first block with a masked slot); opens blocks."""
-    current = torch.where(masked, info.block_of, _NO_BLOCK).min(dim=1).values  # (b,)
-    window = masked & (info.block_of == current[:, None])  # (b, L)
-    for row, (block, size) in enumerate(zip(current.tolist(), window.sum(1).tolist())):
-        if block != progress[row].block:
-            progress[row].block, progress[row].block_step, progress[row].block_size = block, 0, size
-    return window
-
-
-def _commit_count(available: int, n_confident: int, state: _Progress, config: SamplerConfig) -> int:
-    """Slots to commit this step out of ``available`` masked ones in the window; advances the block step."""
-    rule = config.block_mode if config.mode == "semi_ar" else config.mode
-    if rule == "threshold":
-        last = state.block_step >= config.steps - 1
-        state.block_step += 1
-        return available if last else max(1, n_confident)
-    # Skip steps that would commit nothing (more steps than slots, or slots already filled with PAD).
-    while masked_after_step(state.block_size, state.block_step, config.steps, config.schedule) >= available:
-        state.block_step += 1
-    remaining = masked_after_step(state.block_size, state.block_step, config.steps, config.schedule)
-    state.block_step += 1
-    return available - remaining
-
-
-def _commit_order(prob: torch.Tensor, progress: list[_Progress], generators: list[torch.Generator],
-                  config: SamplerConfig) -> torch.Tensor:
-    """(b, L) score deciding which slots are committed first: the probability, or with ``choice_temperature``
-    (MaskGIT) log-probability + Gumbel noise scaled by ``choice_temperature * (1 - step / steps)``, so early
-    steps pick slots nearly at random (as masked diffusion's own reverse process does) and late ones by
-    confidence. Without it a greedy order lets the likeliest tokens everywhere (an image's background) win
-    first, and the rest of the picture follows them."""
-    if config.choice_temperature == 0:
-        return prob
-    anneal = torch.tensor([max(0.0, 1.0 - len(state.commits) / config.steps) for state in progress],
-                          device=prob.device)  # (b,)
-    return perturbed_order(prob, anneal, generators, config.choice_temperature)
-
-
-def perturbed_order(prob: torch.Tensor, anneal: torch.Tensor, generators: list, choice_temperature: float):
-    """(b, L) MaskGIT commit score: log-probability + ``choice_temperature * anneal`` (b,) times Gumbel noise
-    drawn from each row's generator."""
-    noise = torch.stack([_gumbel(prob.shape[1:], g, prob.device) for g in generators]).to(prob.dtype)  # (b, L)
-    return prob.clamp_min(1e-30).log() + choice_temperature * anneal.to(prob.dtype)[:, None] * noise
-
-
-def _most_confident(window: torch.Tensor, confidence: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """(b, L) bool: the ``counts[i]`` best-scored window slots of each sample (ties: leftmost first)."""
-    score = torch.where(window, confidence, -math.inf)  # (b, L)
-    order = score.argsort(dim=1, descending=True, stable=True)  # (b, L)
-    places = torch.arange(order.shape[1], device=order.device).expand_as(order)  # (b, L)
-    rank = torch.empty_like(order).scatter_(1, order, places)  # (b, L) rank of each slot
-    return window & (rank < counts[:, None])
-
-
-def _pad_after_end(info: _TargetInfo, ids: torch.Tensor) -> torch.Tensor:
-    """In place: every text/audio slot after the first END/PAD/EOS becomes PAD; returns the slots changed (b, L)."""
-    changed = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)  # (b, L)
-    for slots, end in info.sequences:
-        body = ids[:, slots]  # (b, n)
-        stop = (body == end) | (body == PAD) | (body == EOS)
-        after = (stop.long().cumsum(1) - stop.long()) > 0  # strictly after the first stop
-        changed[:, slots] = after & (body != PAD)
-        ids[:, slots] = body.masked_fill(after, PAD)
-    return changed
+# ---- the loop -----------------------------------------------------------------------------------------------------
 
 
 @dataclass(eq=False)
@@ -570,79 +359,87 @@ class _Tokens:
     confidence: torch.Tensor  # float, NaN until sampled
     committed_at: torch.Tensor  # long, -1 until sampled (given and structural PAD slots stay -1)
 
+    @classmethod
+    def start(cls, group: list[PreparedRequest], device) -> "_Tokens":
+        ids = torch.stack([item.start_ids for item in group]).to(device)  # (B, L)
+        return cls(ids, torch.full(ids.shape, math.nan, device=device), torch.full_like(ids, -1))
+
     def rows(self, rows: torch.Tensor) -> "_Tokens":
         return _Tokens(self.ids[rows], self.confidence[rows], self.committed_at[rows])
 
     def write(self, rows: torch.Tensor, part: "_Tokens") -> None:
         self.ids[rows], self.confidence[rows], self.committed_at[rows] = part.ids, part.confidence, part.committed_at
 
+    def masked(self, info: _TargetInfo) -> torch.Tensor:
+        return (self.ids == MASK) & info.slots  # (B, L)
+
+    def commit(self, out: UnmaskingStepOutput) -> list[int]:
+        """Takes a scheduler step's tokens, with their confidence and step; returns the slots committed per row."""
+        self.ids = out.prev_sample
+        self.confidence = torch.where(out.committed, out.confidence, self.confidence)
+        self.committed_at = torch.where(out.committed, out.step_index[:, None], self.committed_at)
+        return out.committed.sum(1).tolist()
+
     def pad_after_end(self, info: _TargetInfo) -> list[int]:
-        """Keeps text/audio well formed (see :func:`_pad_after_end`); returns masked slots filled per sample."""
+        """Keeps text/audio well formed (see :func:`pad_after_end`); returns masked slots filled per row."""
         was_masked = self.ids == MASK
-        changed = _pad_after_end(info, self.ids)
+        changed = pad_after_end(self.ids, info.sequences)
         self.confidence = self.confidence.masked_fill(changed, math.nan)
         self.committed_at = self.committed_at.masked_fill(changed, -1)
         return (changed & was_masked).sum(1).tolist()
 
 
-# ---- the loop -----------------------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class _History:
+    """What one row did: slots committed at each of its steps, and masked slots filled with PAD after an END."""
+
+    commits: list[int] = field(default_factory=list)
+    structural_pads: int = 0
 
 
-def _run_group(model, layout: Layout, group: list[_Prepared], config: SamplerConfig) -> list[SampleResult]:
+def _generate_group(model, layout: Layout, group: list[PreparedRequest], config: SamplerConfig) -> list[SampleResult]:
+    """The sampling loop for requests sharing a target structure: encode, timesteps, {model, guidance, step}
+    until no slot is masked, then the results."""
     device = model.device
+    # Encode: the conditions once (the cache), the targets' structure, and every row's own generator.
     info = _target_info(layout, group[0].target, config, device)
     scales = [scale for _, scale in group[0].terms]
-    conditions = _condition_rows(layout, group).to(device)
     make_forward = _cached_forward if config.use_cache else _full_forward
-    forward = make_forward(model, conditions, info, 1 + len(scales), len(group))
+    forward = make_forward(model, _condition_rows(layout, group).to(device), info, 1 + len(scales), len(group))
     generators = [torch.Generator(device=device).manual_seed(item.seed) for item in group]
-    ids = torch.stack([item.start_ids for item in group]).to(device)  # (B, L)
-    tokens = _Tokens(ids, torch.full(ids.shape, math.nan, device=device), torch.full_like(ids, -1))
-    progress = [_Progress(structural_pads=pads) for pads in tokens.pad_after_end(info)]
+    tokens = _Tokens.start(group, device)
+    history = [_History(structural_pads=pads) for pads in tokens.pad_after_end(info)]
+    # Timesteps: the scheduler learns the slots' blocks and starts every row at step 0.
+    scheduler = UnmaskingScheduler(config)
+    scheduler.set_timesteps(info.block_of, len(group))
     while True:
-        rows = ((tokens.ids == MASK) & info.slots).any(dim=1).nonzero().flatten()  # (b,) samples not finished
+        rows = tokens.masked(info).any(dim=1).nonzero().flatten()  # (b,) rows with a slot still masked
         if len(rows) == 0:
             break
         part = tokens.rows(rows)
-        _step(forward, info, scales, rows, part, [progress[r] for r in rows.tolist()],
-              [generators[r] for r in rows.tolist()], config)
+        t = part.masked(info).sum(1).float() / info.n_slots  # (b,) fraction still masked: the model's t
+        logits = _guided(forward(rows, part.ids, t), scales)  # (b, L, V)
+        out = scheduler.step(logits, part.ids, info.allowed, [generators[r] for r in rows.tolist()], rows)
+        commits, pads = part.commit(out), part.pad_after_end(info)
+        for row, count, n_pads in zip(rows.tolist(), commits, pads):
+            history[row].commits.append(count)
+            history[row].structural_pads += n_pads
         tokens.write(rows, part)
-    return [_result(layout, item, tokens.rows(torch.tensor([row], device=device)), progress[row], len(scales))
+    return [_result(layout, item, tokens.rows(torch.tensor([row], device=device)), history[row], len(scales))
             for row, item in enumerate(group)]
 
 
-def _step(forward, info: _TargetInfo, scales, rows, part: _Tokens, progress, generators, config) -> None:
-    """One model call for samples ``rows`` (their tokens: ``part``): draw, commit, keep text/audio well formed."""
-    masked = (part.ids == MASK) & info.slots  # (b, L)
-    window = _windows(info, masked, progress)  # (b, L)
-    t = masked.sum(1).float() / info.n_slots  # (b,) fraction still masked: the model's t, as in training
-    logits = _guided(forward(rows, part.ids, t), scales)  # (b, L, V)
-    chosen, prob = _draw(logits, info.allowed, generators, config)  # (b, L) x2
-    confident = (window & (prob >= config.tau)).sum(1).tolist()
-    available = window.sum(1).tolist()
-    counts = [_commit_count(n, c, state, config) for n, c, state in zip(available, confident, progress)]
-    order = _commit_order(prob, progress, generators, config)  # (b, L)
-    commit = _most_confident(window, order, torch.tensor(counts, device=part.ids.device))  # (b, L)
-    part.ids = torch.where(commit, chosen, part.ids)
-    part.confidence = torch.where(commit, prob, part.confidence)
-    step_index = torch.tensor([len(state.commits) for state in progress], device=part.ids.device)  # (b,)
-    part.committed_at = torch.where(commit, step_index[:, None], part.committed_at)
-    for state, count, pads in zip(progress, counts, part.pad_after_end(info)):
-        state.commits.append(count)
-        state.structural_pads += pads
-
-
-def _result(layout: Layout, item: _Prepared, final: _Tokens, progress: _Progress, n_terms: int) -> SampleResult:
+def _result(layout: Layout, item: PreparedRequest, final: _Tokens, history: _History, n_terms: int) -> SampleResult:
     ids, confidence, committed_at = final.ids[0].cpu(), final.confidence[0].cpu(), final.committed_at[0].cpu()
     target = Packed(ids, item.target.segment_ids, item.target.positions, item.target.spans)
     tokens = layout.unpack(ids, item.target.segment_ids)
     content = {span.modality: slice(span.content_start, span.content_start + len(tokens[span.modality]))
                for span in item.target.spans}
-    passes = len(progress.commits)
+    passes = len(history.commits)
     return SampleResult(tokens, {m: confidence[c] for m, c in content.items()},
-                        {m: committed_at[c] for m, c in content.items()}, target, progress.commits, passes,
-                        passes * n_terms, progress.structural_pads, item.seed)
+                        {m: committed_at[c] for m, c in content.items()}, target, history.commits, passes,
+                        passes * n_terms, history.structural_pads, item.seed)
 
 
-__all__ = ["BLOCK_MODES", "MODES", "SCHEDULES", "Request", "SampleResult", "SamplerConfig", "generate",
-           "masked_after_step"]
+__all__ = ["BLOCK_MODES", "MODES", "SAMPLER_SETTINGS", "SCHEDULES", "PreparedRequest", "Request", "SampleResult",
+           "SamplerConfig", "generate", "group_requests", "masked_after_step", "prepare_requests"]

@@ -1,11 +1,11 @@
-"""A diffusers-style scheduler for masked diffusion: the sampler's commit rules, one step at a time.
+"""A diffusers-style scheduler for masked diffusion: the stored sampling settings and their step.
 
 :class:`MaskedDiffusionScheduler` holds no weights, only the sampling settings (saved as
 ``scheduler_config.json``). It serves two purposes:
 
-* the pipeline's fast path: :meth:`~MaskedDiffusionScheduler.sampler_config` turns the stored settings (plus
-  per-call overrides) into a :class:`~unimodal.inference.sampler.SamplerConfig` for the batched
-  :func:`unimodal.inference.sampler.generate`;
+* the pipeline's settings: :meth:`~MaskedDiffusionScheduler.sampler_config` turns the stored settings (plus the
+  defaults of the generated modality and per-call overrides) into a
+  :class:`~unimodal.inference.unmasking.SamplerConfig` for the batched :func:`unimodal.inference.sampler.generate`;
 * a loop you write yourself, as with any diffusers scheduler::
 
       scheduler.set_timesteps(16)
@@ -14,52 +14,29 @@
           logits = model(ids, t, ...).logits                            # (B, L, V)
           ids = scheduler.step(logits, index, ids, allowed, generator).prev_sample
 
-  ``step`` draws a token per masked position with the sampler's own helpers (argmax, or Gumbel-max with
-  temperature / top-k / top-p in float64), then commits, by ``mode``: ``confidence``: the most confident, as
-  many as the schedule says (after step ``i`` of ``n``, ``masked_after_step(N, i, n, schedule)`` of the ``N``
-  positions masked at the start stay masked; the last step commits all); ``threshold``: every position with
-  confidence >= ``tau`` (at least one; the last step commits all); ``semi_ar``: left-to-right blocks of
-  ``block_length`` positions of each segment, ``num_inference_steps`` steps each, with ``block_mode`` inside
-  a block (loop ``while (ids == MASK).any()``). "Most confident" is the probability, or with
-  ``choice_temperature`` MaskGIT's order (log-probability plus annealed Gumbel noise from the same
-  generators), as in the sampler. Text and audio stay well formed: after a segment's first END (or PAD)
-  every later position becomes PAD, as in the sampler.
-
-Unlike :func:`unimodal.inference.sampler.generate`, a hand-written loop never skips a step: a step whose schedule count
-is zero commits nothing. ``step`` keeps a little state between calls: the number of masked positions when
-sampling started (recorded at step index 0, or on the first call after :meth:`set_timesteps`) and, in
-``semi_ar``, the current block of each row. Call :meth:`set_timesteps` before each new generation.
+  ``step`` is the sampler's own step (:class:`~unimodal.inference.unmasking.UnmaskingScheduler`: the one
+  commit rule, with its modes, schedules, skipped empty steps and MaskGIT order, documented there), so with
+  the same generator seed a hand-written loop gives the sampler's tokens. Here the blocks of ``semi_ar`` are
+  found from the segment markers in ``sample``, and text and audio are kept well formed the same way: after a
+  segment's first END (or PAD) every later position becomes PAD. In ``semi_ar`` loop ``while (ids ==
+  MASK).any()``: ``num_inference_steps`` is per block. ``step`` keeps the rule's state between calls; it
+  starts afresh at step index 0 and after :meth:`set_timesteps`.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
-from types import SimpleNamespace
+from dataclasses import dataclass
 
 import torch
 from diffusers import ConfigMixin, SchedulerMixin  # SchedulerMixin: diffusers pipelines look the name up here
 from diffusers.configuration_utils import register_to_config
 from diffusers.utils import BaseOutput
 
-from unimodal.inference.sampler import (
-    _NO_BLOCK,
-    KEPT_FRACTION,
-    SamplerConfig,
-    _draw,
-    _most_confident,
-    _pad_after_end,
-    _Progress,
-    _windows,
-    masked_after_step,
-    perturbed_order,
-)
+from unimodal.inference.unmasking import (NO_BLOCK, SAMPLER_SETTINGS, TOKEN_SETTINGS, SamplerConfig,
+                                          UnmaskingScheduler, pad_after_end, slot_blocks)
 from unimodal.tokenizers_mm.layout import BOA, BOI, BOT, EOA, EOT, MASK, Layout, Packed
 from unimodal.core.errors import InputError
 
-# Settings stored in scheduler_config.json, by SamplerConfig field name (num_inference_steps is "steps").
-_STORED = ("mode", "schedule", "tau", "temperature", "top_k", "top_p", "block_length", "block_mode",
-           "choice_temperature")
 # Defaults per generated modality, beneath the caller's own settings (docs/results.md has the measurements):
 # images and speech need guidance and MaskGIT's randomised commit order (a greedy order fills a picture with
 # background first); captions decode greedily with threshold 0.95, which gave the same tokens as one token per
@@ -70,8 +47,7 @@ DEFAULT_TARGET_SETTINGS = {
     "text": {"temperature": 0.0, "mode": "threshold", "tau": 0.95, "steps": 32},
 }
 TARGET_PRIORITY = ("image", "audio", "text")  # a joint request takes the defaults of its first target here
-_TARGET_KEYS = ("steps", "mode", "schedule", "tau", "temperature", "top_k", "top_p", "cfg", "block_length",
-                "block_mode", "choice_temperature")
+_TARGET_KEYS = tuple(name for name in TOKEN_SETTINGS if name != "seed")  # what a modality's defaults may set
 _BEGIN_TO_END = {BOT: EOT, BOA: EOA}  # sequence segments (text, audio): begin marker -> END marker
 _BEGINS = (BOT, BOI, BOA)
 
@@ -110,10 +86,7 @@ class MaskedDiffusionScheduler(SchedulerMixin, ConfigMixin):
         if target_settings is None:
             self.register_to_config(target_settings={m: dict(v) for m, v in DEFAULT_TARGET_SETTINGS.items()})
         self._check_target_settings()
-        self.sampler_config()  # validates every setting now (InputError names the bad one)
-        self.num_inference_steps = num_inference_steps
-        self.timesteps = self._mask_ratios(num_inference_steps)
-        self._state = None
+        self.set_timesteps(num_inference_steps)  # validates every setting now (InputError names the bad one)
 
     # ---- settings ------------------------------------------------------------------------------------------
 
@@ -147,27 +120,23 @@ class MaskedDiffusionScheduler(SchedulerMixin, ConfigMixin):
         """The stored settings as a :class:`SamplerConfig`: the scheduler's settings, then the defaults of the
         generated modality (``targets``: a modality or list of them; None: none), then ``overrides`` (any
         SamplerConfig field, e.g. ``steps``, ``cfg``, ``seed``; None values are ignored)."""
-        known = {f.name for f in fields(SamplerConfig)}
-        unknown = sorted(set(overrides) - known)
+        unknown = sorted(set(overrides) - set(SAMPLER_SETTINGS))
         if unknown:
-            raise InputError(f"unknown sampler settings {unknown}; accepted: {sorted(known)}")
-        stored = {name: self.config[name] for name in _STORED}
+            raise InputError(f"unknown sampler settings {unknown}; accepted: {sorted(SAMPLER_SETTINGS)}")
+        # The settings this scheduler stores are its config keys that are SamplerConfig fields, and steps.
+        stored = {name: self.config[name] for name in SAMPLER_SETTINGS if name in self.config}
         stored["steps"] = self.config.num_inference_steps
         stored.update(self.target_defaults(targets))
         stored.update({name: value for name, value in overrides.items() if value is not None})
         return SamplerConfig(**stored)
 
-    def _mask_ratios(self, steps: int) -> torch.Tensor:
-        kept = KEPT_FRACTION[self.config.schedule]
-        return torch.tensor([kept(step / steps) for step in range(steps)], dtype=torch.float32)
-
     def set_timesteps(self, num_inference_steps: int | None = None, device: str | torch.device | None = None) -> None:
         """``self.timesteps``: the mask ratio before each step (1.0 first), from the schedule; resets the state."""
         steps = self.config.num_inference_steps if num_inference_steps is None else num_inference_steps
-        self.sampler_config(steps=steps)  # validates
+        timesteps = UnmaskingScheduler(self.sampler_config(steps=steps)).timesteps  # validates
         self.num_inference_steps = steps
-        self.timesteps = self._mask_ratios(steps).to(device) if device is not None else self._mask_ratios(steps)
-        self._state = None
+        self.timesteps = timesteps.to(device) if device is not None else timesteps
+        self._rule: UnmaskingScheduler | None = None
 
     @staticmethod
     def allowed_for(layout: Layout, packed: Packed) -> torch.Tensor:
@@ -187,31 +156,20 @@ class MaskedDiffusionScheduler(SchedulerMixin, ConfigMixin):
         ``timestep`` the 0-based step index, ``sample`` (B, L) ids with MASK where still to fill, ``allowed``
         (L, V) or (B, L, V) bool (None: any id but MASK), ``generator`` one or one per row (None: torch's
         global generator; unused when temperature is 0)."""
-        config = self.sampler_config(steps=self.num_inference_steps)
         sample, index = self._checked(model_output, timestep, sample)
         if allowed is None:
             allowed = torch.ones(model_output.shape[-1], dtype=torch.bool, device=sample.device)
             allowed[MASK] = False
-        masked = sample == MASK  # (B, L)
-        if self._state is None or index == 0:
-            self._state = self._start(sample, config)
-        info, progress = self._state
-        window = _windows(info, masked, progress)  # (B, L) masked positions this step may commit
+        if self._rule is None or index == 0:
+            self._rule = UnmaskingScheduler(self.sampler_config(steps=self.num_inference_steps))
+            self._rule.set_timesteps(_blocks(sample, self._rule.config), sample.shape[0])
         generators = generator if isinstance(generator, (list, tuple)) else [generator] * sample.shape[0]
-        chosen, prob = _draw(model_output, allowed.to(sample.device), list(generators), config)  # (B, L) x2
-        available = window.sum(1).tolist()
-        confident = (window & (prob >= config.tau)).sum(1).tolist()
-        counts = [self._commit_count(n, c, state, index, config) for n, c, state in zip(available, confident, progress)]
-        order = prob  # commit the most confident first; with choice_temperature, MaskGIT's noisy order:
-        if config.choice_temperature > 0:
-            anneal = torch.full((prob.shape[0],), max(0.0, 1.0 - index / config.steps), device=prob.device)
-            order = perturbed_order(prob, anneal, list(generators), config.choice_temperature)  # as the sampler
-        committed = _most_confident(window, order, torch.tensor(counts, device=sample.device))  # (B, L)
-        prev_sample = torch.where(committed, chosen, sample)
+        out = self._rule.step(model_output, sample, allowed.to(sample.device), list(generators))
+        prev_sample = out.prev_sample
         for row, sequences in enumerate(_sequences(prev_sample)):
-            _pad_after_end(SimpleNamespace(sequences=sequences), prev_sample[row:row + 1])  # in place
-        out = (prev_sample, prob.float(), committed)
-        return MaskedDiffusionSchedulerOutput(*out) if return_dict else out
+            pad_after_end(prev_sample[row:row + 1], sequences)  # in place
+        result = (prev_sample, out.confidence.float(), out.committed)
+        return MaskedDiffusionSchedulerOutput(*result) if return_dict else result
 
     def _checked(self, logits: torch.Tensor, timestep, sample: torch.Tensor) -> tuple[torch.Tensor, int]:
         if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
@@ -226,28 +184,6 @@ class MaskedDiffusionScheduler(SchedulerMixin, ConfigMixin):
         if index < 0:
             raise InputError(f"timestep is the 0-based step index, got {timestep!r}")
         return sample.clone(), index
-
-    def _start(self, sample: torch.Tensor, config: SamplerConfig):
-        """Blocks of every MASK position (one block per row, or semi_ar blocks) and a fresh progress per row."""
-        masked = sample == MASK
-        if config.mode == "semi_ar":
-            block_of = _semi_ar_blocks(sample, config.block_length)
-        else:
-            block_of = torch.where(masked, 0, _NO_BLOCK)
-        return SimpleNamespace(block_of=block_of), [_Progress() for _ in range(sample.shape[0])]
-
-    @staticmethod
-    def _commit_count(available: int, n_confident: int, state: _Progress, index: int, config: SamplerConfig) -> int:
-        """How many of ``available`` window positions to commit now (never skips a step, unlike the sampler)."""
-        if available == 0:
-            return 0
-        rule = config.block_mode if config.mode == "semi_ar" else config.mode
-        step = state.block_step if config.mode == "semi_ar" else index
-        state.block_step += 1
-        if rule == "threshold":
-            return available if step >= config.steps - 1 else min(available, max(1, n_confident))
-        remaining = masked_after_step(state.block_size, step, config.steps, config.schedule)
-        return max(0, available - remaining)
 
 
 def _segment_starts(row: list[int]) -> list[int]:
@@ -264,18 +200,18 @@ def _sequences(ids: torch.Tensor) -> list[list[tuple[torch.Tensor, int]]]:
     return out
 
 
-def _semi_ar_blocks(sample: torch.Tensor, block_length: int) -> torch.Tensor:
-    """(B, L) block of each MASK position: segments left to right, ``block_length`` slots per block, as in the
-    sampler (a block never straddles two segments); _NO_BLOCK elsewhere."""
-    block_of = torch.full(sample.shape, _NO_BLOCK, dtype=torch.long)
-    for b, row in enumerate(sample.tolist()):
+def _blocks(sample: torch.Tensor, config: SamplerConfig) -> torch.Tensor:
+    """(B, L) block of each position of a hand-written loop's ``sample``: in ``semi_ar`` the positions after
+    each segment's BEGIN marker, cut into blocks as the sampler cuts its targets; otherwise block 0 for every
+    MASK. Positions that are not MASK never open a block."""
+    if config.mode != "semi_ar":
+        return torch.where(sample == MASK, 0, NO_BLOCK)
+    rows = []
+    for row in sample.tolist():
         starts = _segment_starts(row) + [len(row)]
-        first_block = 0
-        for start, stop in zip(starts, starts[1:]):
-            slots = torch.arange(stop - start - 1)
-            block_of[b, start + 1:stop] = first_block + slots // block_length
-            first_block += math.ceil(len(slots) / block_length)
-    return torch.where(sample.cpu() == MASK, block_of, _NO_BLOCK).to(sample.device)
+        segments = [torch.arange(start + 1, stop) for start, stop in zip(starts, starts[1:])]
+        rows.append(slot_blocks(segments, len(row), config))
+    return torch.where(sample == MASK, torch.stack(rows).to(sample.device), NO_BLOCK)
 
 
 __all__ = ["MaskedDiffusionScheduler", "MaskedDiffusionSchedulerOutput"]

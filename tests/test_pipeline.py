@@ -274,6 +274,14 @@ def test_each_output_gets_its_modalitys_defaults_under_the_callers_settings(pipe
     assert (mine.settings["cfg"], mine.settings["choice_temperature"]) == (1.0, 0.0)
 
 
+def test_progress_bar_ends_where_the_work_ends(pipe, capsys):
+    """Threshold decoding that commits every slot early ends its bar full (k/k), not at k/steps."""
+    result = pipe.generate(image=picture(), to="text", mode="threshold", tau=0.01, steps=8, progress=True)
+    renders = [part for part in capsys.readouterr().err.split("\r") if "sampling" in part]
+    assert result.steps < result.settings["steps"]  # it did stop early
+    assert f"{result.steps}/{result.steps}" in renders[-1]
+
+
 def test_calls_from_several_threads_are_serialised(pipe):
     from concurrent.futures import ThreadPoolExecutor
 

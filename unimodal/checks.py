@@ -26,12 +26,12 @@ from pathlib import Path
 from unimodal.core.errors import (DeviceError, EmptyInputError, InputError, InputFileError, ModelFolderError,
                              OutputPathError, SettingError, TextEncodingError)
 from unimodal.core.paths import OUTPUT_SUFFIXES
+from unimodal.core.seeds import check_seed
 
 MODALITIES = ("text", "image", "audio")
 MODES = ("confidence", "threshold", "semi_ar")
 SCHEDULES = ("cosine", "linear")
 BLOCK_MODES = ("confidence", "threshold")
-SEED_LIMIT = 2**62
 INPUT_KEYS = MODALITIES
 SETTING_KEYS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "seed", "max_text_tokens",
                 "max_audio_seconds", "schedule", "block_length", "block_mode", "choice_temperature")
@@ -178,10 +178,9 @@ def check_audio_file(value, name: str = "audio") -> Path:
 # ---- settings -----------------------------------------------------------------------------------------------------
 
 
-def _int_setting(name: str, value, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value >= high):
-        limit = f"an int >= {low}" + (f" and < {high}" if high is not None else "")
-        raise SettingError(f"{name} must be {limit}, got {value!r}")
+def _int_setting(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise SettingError(f"{name} must be an int >= {low}, got {value!r}")
     return value
 
 
@@ -212,7 +211,7 @@ _SETTING_CHECKS = {
     "top_k": lambda v: _int_setting("top_k", v, 0),
     "block_length": lambda v: _int_setting("block_length", v, 1),
     "max_text_tokens": lambda v: _int_setting("max_text_tokens", v, 1),
-    "seed": lambda v: _int_setting("seed", v, 0, SEED_LIMIT),
+    "seed": lambda v: check_seed(v, error=SettingError),
     "mode": lambda v: _choice_setting("mode", v, MODES),
     "schedule": lambda v: _choice_setting("schedule", v, SCHEDULES),
     "block_mode": lambda v: _choice_setting("block_mode", v, BLOCK_MODES),

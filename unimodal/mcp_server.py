@@ -44,6 +44,7 @@ from pydantic import Field
 from unimodal.checks import check_request
 from unimodal.checks_refine import check_refine_request
 from unimodal.core.errors import MissingDependencyError, UnimodalError
+from unimodal.core.seeds import SEED_LIMIT
 
 Modality = Literal["text", "image", "audio"]
 # MIME type of the image content for each image file suffix the results write.
@@ -120,7 +121,7 @@ def generate_tool(runner: Runner):
             description="classifier-free guidance scale, or one per input modality {'text': 3}")] = None,
         choice_temperature: Annotated[float | None, Field(
             ge=0, description="randomised commit order (MaskGIT)")] = None,
-        seed: Annotated[int | None, Field(ge=0, lt=2**62, description="same seed, same output; null: fresh")] = 0,
+        seed: Annotated[int | None, Field(ge=0, lt=SEED_LIMIT, description="same seed, same output; null: fresh")] = 0,
         max_text_tokens: Annotated[int | None, Field(ge=1, description="cap on generated text tokens")] = None,
         max_audio_seconds: Annotated[float | None, Field(gt=0, description="cap on generated audio")] = None,
     ) -> list:
@@ -204,7 +205,7 @@ Input = Annotated[str, Field(description="the file to work on: a picture (.png/.
                                          "caption (.txt), e.g. one generate wrote")]
 Prompt = Annotated[str | None, Field(description="the text the content was made from (its condition); for edit, "
                                                  "the new description of the region")]
-Seed = Annotated[int | None, Field(ge=0, lt=2**62, description="same seed, same output")]
+Seed = Annotated[int | None, Field(ge=0, lt=SEED_LIMIT, description="same seed, same output")]
 Critic = Annotated[Literal["confidence", "learned", "random"], Field(
     description="who scores the tokens: confidence (the model's probability of each token when re-masked), "
                 "learned (the critic head), random (ReMDM-style baseline)")]

@@ -39,6 +39,7 @@ from unimodal.backbone.dit import DiT
 from unimodal.inference.ar import generate_autoregressive
 from unimodal.inference.sampler import Request, SampleResult, SamplerConfig
 from unimodal.inference.sampler import generate as sample
+from unimodal.inference.unmasking import SAMPLER_SETTINGS, TOKEN_SETTINGS
 from unimodal.inference.schedulers import MaskedDiffusionScheduler
 from unimodal.tokenizers_mm import CODECS, Codec, codec_from_parts, codec_parts, get_codec_class, load_codecs
 from unimodal.tokenizers_mm.audio import AudioCodec, AudioVQModel
@@ -50,6 +51,7 @@ from unimodal.checks import check_model_folder, check_to
 from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
 from unimodal.core.grammar import unknown_words
+from unimodal.core.seeds import check_seed
 from unimodal.inputs import as_audio, as_image, as_text
 from unimodal.core.int8 import load_pretrained
 from unimodal.results import GenerationResult
@@ -58,8 +60,6 @@ PIPELINE_INDEX = "model_index.json"
 TRAINING_CONFIG = "training_config.json"
 VOCABULARY_FILE = "vocabulary.json"  # the words the training captions used (unimodal.core.grammar.known_vocabulary)
 REQUEST_KEYS = ("text", "image", "audio", "to", "seed", "max_text_tokens", "max_audio_seconds")
-SETTING_KEYS = ("steps", "mode", "schedule", "tau", "temperature", "top_k", "top_p", "cfg", "seed",
-                "block_length", "block_mode", "max_batch_size", "choice_temperature")
 
 
 class UniModal(DiffusionPipeline):
@@ -292,6 +292,7 @@ class UniModal(DiffusionPipeline):
                           or self.autoregressive else config.steps)
         try:
             samples = decode(model, self.layout, [item.request() for item in prepared], config)
+            model.finish()
         finally:
             model.close()
         return self._results(prepared, samples, config)
@@ -299,12 +300,10 @@ class UniModal(DiffusionPipeline):
     # ---- settings and requests ------------------------------------------------------------------------------
 
     def _sampler_config(self, settings: Mapping, targets: str | None = None) -> SamplerConfig:
-        unknown = sorted(set(settings) - set(SETTING_KEYS))
+        unknown = sorted(set(settings) - set(SAMPLER_SETTINGS))
         if unknown:
-            raise SettingError(f"unknown setting(s) {unknown}; accepted: {', '.join(SETTING_KEYS)}")
-        seed = settings.get("seed", 0)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**62):
-            raise SettingError(f"seed must be a non-negative int (or None for a fresh one), got {seed!r}")
+            raise SettingError(f"unknown setting(s) {unknown}; accepted: {', '.join(SAMPLER_SETTINGS)}")
+        seed = check_seed(settings.get("seed", 0), error=SettingError)
         values = {k: v for k, v in settings.items() if k != "seed" and v is not None}
         try:
             defaults = self.scheduler.target_defaults(targets)
@@ -327,7 +326,7 @@ class UniModal(DiffusionPipeline):
         item = _Prepared(index, where, targets=check_to(spec.get("to", "image"), where))
         item.inputs = self._raw_inputs(spec, where)
         self._check_directions(item, where)
-        item.seed = _request_seed(spec.get("seed"), where)
+        item.seed = check_seed(spec.get("seed"), f"{where}seed")
         item.target_segments = [self._target_segment(m, spec, where) for m in item.targets]
         return item
 
@@ -538,6 +537,13 @@ class _Stepping:
         self._bar.update(1)
         return self._model.extend(*args, **kwargs)
 
+    def finish(self) -> None:
+        """The work is done: a bar that counted fewer model calls than its total (threshold decoding stops as
+        soon as every slot is committed; a step that would commit nothing is skipped) ends full, at n/n."""
+        if self._bar.total != self._bar.n:
+            self._bar.total = self._bar.n
+            self._bar.refresh()
+
     def close(self) -> None:
         self._bar.close()
 
@@ -553,12 +559,6 @@ def _name(item: _Prepared, modality: str) -> str:
     return f"{item.where}{modality}"
 
 
-def _request_seed(seed, where: str) -> int | None:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**62):
-        raise InputError(f"{where}seed must be a non-negative int (or None), got {seed!r}")
-    return seed
-
-
 def _checked_number(name: str, value, where: str, integer: bool = False):
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
@@ -567,9 +567,7 @@ def _checked_number(name: str, value, where: str, integer: bool = False):
 
 
 def _settings(config: SamplerConfig, item: _Prepared, result: SampleResult) -> dict:
-    settings = {name: getattr(config, name) for name in ("mode", "schedule", "steps", "tau", "temperature",
-                                                         "top_k", "top_p", "cfg", "choice_temperature",
-                                                         "block_length", "block_mode")}
+    settings = {name: getattr(config, name) for name in TOKEN_SETTINGS}
     settings.update(seed=result.seed, guidance_passes=result.guidance_passes, to=list(item.targets),
                     inputs=[m for m in MODALITIES if m in item.conditions],
                     commits_per_step=list(result.commits_per_step))
