@@ -178,6 +178,16 @@ def _changed(before, after):
     return {m: [i for i, (a, b) in enumerate(zip(before[m], after[m])) if a != b] for m in before}
 
 
+def test_a_draft_reads_its_inputs_as_conditions(pipe, image_result):
+    """The critique scores a draft in the context it was generated from: the prompt's tokens are the draft's
+    text condition (a draft without them would be scored as if generated from nothing)."""
+    from unimodal.refine import draft_of
+
+    draft = draft_of(pipe, image_result, {"text": PROMPT})
+    assert [m for m, _ in draft.conditions] == ["text"]
+    assert torch.equal(torch.as_tensor(draft.conditions[0][1]), torch.as_tensor(pipe.text_codec.encode([PROMPT])[0]))
+
+
 @pytest.mark.parametrize("critic", ["confidence", "random"])
 def test_refine_never_changes_tokens_outside_the_chosen_regions(pipe, image_result, critic):
     fixed, trace = pipe.refine(image_result, text=PROMPT, rounds=3, critic=critic, fraction=0.3, threshold=1.0,

@@ -116,7 +116,8 @@ def draft_of(pipe, result: GenerationResult, inputs: Mapping) -> Draft:
         raise InputError(f"this result was generated from {used}; pass the same input(s) (e.g. text=...) so "
                          f"the critique reads it in context")
     item = pipe._prepare({**given, "to": targets}, 0, False)
-    pipe._encode_inputs([item])
+    pipe._read_inputs(item)  # the inputs read (text tokenized, image resized, audio resampled) ...
+    item = pipe._encode_inputs([item])[0]  # ... then encoded: they are the draft's conditions
     conditions = [(m, item.conditions[m]) for m in MODALITIES if m in item.conditions]
     return make_draft(pipe.layout, conditions, {m: torch.tensor(result.token_ids[m]) for m in targets})
 
