@@ -16,6 +16,7 @@ import warnings
 
 from unimodal.cli_common import EVAL_HELP, add_model_arguments, parse_cfg
 from unimodal.core.errors import InputError, UnimodalError
+from unimodal.demo import add_demo_command
 
 
 def _cmd_data_build(args) -> int:
@@ -562,7 +563,7 @@ def add_refine_commands(sub) -> None:
 HEAVY_GROUPS = {add_train_command: {"train": TRAIN_HELP, "export-model": EXPORT_MODEL_HELP},
                 add_bench_commands: {"bench": "benchmarks"}, add_eval_commands: {"eval": EVAL_HELP}}
 COMMAND_GROUPS = [add_data_commands, add_codec_commands, add_judge_commands, add_train_command, add_bench_commands,
-                  add_eval_commands, add_generate_commands, add_serve_command, add_refine_commands]
+                  add_eval_commands, add_generate_commands, add_serve_command, add_refine_commands, add_demo_command]
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
