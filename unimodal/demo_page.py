@@ -186,8 +186,8 @@ def _refine_section(refine: dict, draft_path: str) -> str:
     return ('<section id="refine"><h2>Self-correcting loop (text->image, refined)</h2>'
             f'<p>The draft is the text->image picture above (<a href="{html.escape(draft_path)}">{html.escape(draft_path)}</a>, '
             f'{_verdict({"correct": refine["draft_right"]})}). Each round the critic scores every 8x8 code of the '
-            'picture by the model\'s own confidence, re-masks the doubtful ones (outlined in yellow) and regenerates '
-            'them with the rest as context; a round is kept only when the critic\'s score rises.</p>'
+            'picture by the model\'s own confidence (2 masked passes), re-masks the doubtful ones (outlined in yellow) and regenerates '
+            'them in 4 steps with the rest as context; a round is kept only when the critic\'s score rises.</p>'
             '<table><tr><th>round</th><th>flagged on the picture so far</th><th>repaired</th>'
             '<th>critic score (mean log-prob)</th><th>scene judge</th></tr>' + "".join(rows) + "</table></section>")
 
