@@ -247,7 +247,7 @@ def add_demo_command(sub) -> None:
     from unimodal.cli_common import add_model_arguments
 
     demo = sub.add_parser("demo", help="generate in every direction, judge it, repair one picture, and write a "
-                                       "page to open (offline, about a minute on 2 CPU cores)",
+                                       "page to open (offline, on the CPU; docs/demo.md has its timing)",
                           description="Writes OUT/index.html: every direction with its inputs and outputs side by "
                                       "side, the judges' verdicts, and one self-correcting loop round by round.")
     add_model_arguments(demo)
