@@ -1,50 +1,42 @@
 """Generate in every direction from one caption and save what a person would look at or listen to.
 
-    python -m unimodal.demos.every_direction --model runs/small/model --out demo-out
+    python -m unimodal.demos.every_direction --out demo-out            # the shipped model
+    python -m unimodal.demos.every_direction --model runs/mine/model --caption "a small red circle on the left"
 
-Writes ``text_to_image.png``, ``text_to_audio.wav``, ``image_to_text.txt``, ``audio_to_image.png``,
-``joint/`` (image, audio and text generated together) and ``summary.json`` (settings, passes, outputs).
+Chains the model's own outputs: the caption becomes a picture and speech, the picture and the speech are
+read back into captions and into each other, and a joint request makes caption, picture and speech together.
+Writes ``text_to_image.png``, ``text_to_audio.wav``, ``image_to_text.txt``, ``audio_to_text.txt``,
+``image_to_audio.wav``, ``audio_to_image.png``, ``joint/`` and ``summary.json`` (texts and model calls).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
-from unimodal import UniModal
+from unimodal.demos.common import load, out_folder, parser_for, write_json
 
 CAPTION = "a large red circle to the left of a small blue square"
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="a trained model folder")
-    parser.add_argument("--out", default="demo-out")
+def main(argv=None) -> dict:
+    parser = parser_for(__doc__, "demo-out")
     parser.add_argument("--caption", default=CAPTION)
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    pipe = UniModal.from_pretrained(args.model)
-
-    picture = pipe.generate(text=args.caption, to="image", seed=args.seed)
-    picture.save(out / "text_to_image.png")
-    speech = pipe.generate(text=args.caption, to="audio", seed=args.seed)
-    speech.save(out / "text_to_audio.wav")
-    described = pipe.generate(image=picture.image, to="text", seed=args.seed)
-    described.save(out / "image_to_text.txt")
-    heard = pipe.generate(audio=speech.audio, to="image", seed=args.seed)
-    heard.save(out / "audio_to_image.png")
-    joint = pipe.generate(to=["text", "image", "audio"], seed=args.seed)
-    joint.save(out / "joint")
-
-    summary = {"caption": args.caption, "image_to_text": described.text, "joint_text": joint.text,
-               "forward_passes": {name: r.forward_passes for name, r in
-                                  [("text_to_image", picture), ("text_to_audio", speech),
-                                   ("image_to_text", described), ("audio_to_image", heard), ("joint", joint)]}}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary, indent=2))
+    out, (pipe, _) = out_folder(args.out), load(args.model)
+    seed = args.seed
+    made = {"text_to_image": pipe.generate(text=args.caption, to="image", seed=seed),
+            "text_to_audio": pipe.generate(text=args.caption, to="audio", seed=seed)}
+    picture, speech = made["text_to_image"].image, (made["text_to_audio"].audio, made["text_to_audio"].sample_rate)
+    made["image_to_text"] = pipe.generate(image=picture, to="text", seed=seed)
+    made["audio_to_text"] = pipe.generate(audio=speech, to="text", seed=seed)
+    made["image_to_audio"] = pipe.generate(image=picture, to="audio", seed=seed)
+    made["audio_to_image"] = pipe.generate(audio=speech, to="image", seed=seed)
+    made["joint"] = pipe.generate(to=["text", "image", "audio"], seed=seed)
+    suffix = {"image": ".png", "audio": ".wav", "text": ".txt"}
+    for name, result in made.items():
+        result.save(out / "joint" if name == "joint" else out / f"{name}{suffix[name.split('_to_')[1]]}")
+    summary = {"caption": args.caption, "texts": {n: r.text for n, r in made.items() if r.text is not None},
+               "forward_passes": {n: r.forward_passes for n, r in made.items()}}
+    write_json(out / "summary.json", summary)
+    return summary
 
 
 if __name__ == "__main__":

@@ -81,3 +81,10 @@ def write_tiny_model(codec_dir, out, task_weights=TASKS, max_text_len=12):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tiny_codec_dir, tmp_path_factory):
     return write_tiny_model(tiny_codec_dir, tmp_path_factory.mktemp("tiny-model") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_caption_model_dir(tiny_codec_dir, tmp_path_factory):
+    """The tiny random model with room for a whole scene caption (the tiny BPE spends up to ~20 tokens on one),
+    for the demo and the demos/ scripts, which feed it real captions."""
+    return write_tiny_model(tiny_codec_dir, tmp_path_factory.mktemp("tiny-caption-model") / "model", max_text_len=32)

@@ -200,3 +200,11 @@ def test_cli_reports_errors_without_traceback(user_folder, capsys):
 def test_errors_share_one_base():
     for cls in (InputError, DataError, ManifestError):
         assert issubclass(cls, UnimodalError)
+
+
+def test_scene_build_bar_says_it_adds_the_heldout_scenes():
+    from unimodal.training.data.build import _bar_label, _total
+
+    assert _total("scenes", 2000) == 2200
+    assert _bar_label("scenes", 2000) == "building scenes (2000 train/val/test + 200 held-out)"
+    assert _bar_label("digits", 1797) == "building digits"

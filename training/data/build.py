@@ -43,6 +43,14 @@ BUILDERS = {"scenes": _build_scenes, "digits": _build_digits}
 DEFAULT_N = {"scenes": 2000, "digits": digits.NUM_DIGITS}
 
 
+def _bar_label(name: str, n: int) -> str:
+    """What the progress bar counts: for scenes, the ``n`` asked for plus the held-out scenes it adds, so a bar
+    that ends at 2,200 for ``--n 2000`` says why."""
+    if name == "scenes":
+        return f"building scenes ({n} train/val/test + {scene_split_sizes(n)['heldout']} held-out)"
+    return f"building {name}"
+
+
 def _total(name: str, n: int) -> int:
     if name == "scenes":
         return sum(scene_split_sizes(n).values())
@@ -72,7 +80,7 @@ def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None
     out = Path(out)
     tmp = staging_dir(out)
     try:
-        with tqdm(total=_total(name, n), desc=f"building {name}", unit="sample", disable=not progress) as bar:
+        with tqdm(total=_total(name, n), desc=_bar_label(name, n), unit="sample", disable=not progress) as bar:
             splits = BUILDERS[name](n, seed, speech, bar)
         for split, samples in splits.items():
             write_split(tmp, split, samples)

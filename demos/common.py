@@ -1,0 +1,42 @@
+"""What every demo script shares: the ``--model`` / ``--out`` arguments and loading the model they name.
+
+Only the public face is used here: ``UniModal`` and the packaged default model's folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from unimodal import UniModal
+from unimodal.serve import resolve_model_dir
+
+
+def parser_for(doc: str, out: str) -> argparse.ArgumentParser:
+    """A parser with ``--model`` (default: the shipped model) and ``--out``; the first docstring line as help."""
+    parser = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    parser.add_argument("--model", default=None,
+                        help="model folder (default: $UNIMODAL_MODEL, else the model shipped in the package)")
+    parser.add_argument("--out", default=out, help=f"folder for the outputs (default {out})")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def load(model: str | None) -> tuple[UniModal, Path]:
+    """The model ``--model`` names (None: ``$UNIMODAL_MODEL``, else the shipped default) and its folder."""
+    folder = resolve_model_dir(model)
+    return UniModal.from_pretrained(folder), folder
+
+
+def out_folder(path: str | Path) -> Path:
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def write_json(path: Path, value) -> Path:
+    """Write ``value`` as indented JSON and say where."""
+    path.write_text(json.dumps(value, indent=2, default=str) + "\n")
+    print(path)
+    return path

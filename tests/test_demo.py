@@ -1,0 +1,73 @@
+"""``unimodal demo`` on a tiny random model: the page links only files that exist, every direction has its
+section, the refine loop is shown round by round, and a bad ``--out`` is refused before any model loads."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from unimodal.cli import main
+from unimodal.demo import DIRECTIONS, REFINE_ROUNDS, run_demo, summary_line
+from unimodal.demo_page import slug
+
+
+class _Links(HTMLParser):
+    """Every src / href and every element id of a page."""
+
+    def __init__(self):
+        super().__init__()
+        self.links, self.ids = [], set()
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.links += [attrs[key] for key in ("src", "href") if attrs.get(key)]
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+
+
+@pytest.fixture(scope="module")
+def demo_page(tiny_caption_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "page"
+    page, summary = run_demo(out, model=tiny_caption_model_dir, judge_speech=False, quiet=True)
+    return page, summary
+
+
+def test_every_linked_file_exists_and_every_direction_has_its_section(demo_page):
+    page, _ = demo_page
+    parser = _Links()
+    parser.feed(page.read_text(encoding="utf-8"))
+    assert parser.links, "the page links no files"
+    missing = [link for link in parser.links if not (page.parent / link).is_file()]
+    assert not missing, f"linked but not written: {missing}"
+    assert {slug(d) for d in DIRECTIONS} | {"refine"} <= parser.ids
+    kinds = {Path(link).suffix for link in parser.links}
+    assert {".png", ".wav", ".txt", ".json"} <= kinds  # pictures, speech players, captions, the summary
+
+
+def test_summary_counts_the_verdicts_and_names_what_was_not_judged(demo_page):
+    page, summary = demo_page
+    assert json.loads((page.parent / "summary.json").read_text()) == summary
+    assert set(summary["directions"]) == set(DIRECTIONS)
+    counts = summary["counts"]
+    assert counts["judged"] + counts["not_judged"] == len(DIRECTIONS)
+    assert counts["not_judged"] >= 2  # text->audio and image->audio: speech judging was switched off
+    assert any("speech was not judged" in note for note in summary["notes"])
+    assert len(summary["refine"]["trace"]) == REFINE_ROUNDS
+    assert f"{counts['right']} of {counts['judged']} judged outputs right" in summary_line(summary)
+
+
+def test_cli_demo_refuses_an_out_that_is_a_file(tmp_path, capsys):
+    blocker = tmp_path / "taken"
+    blocker.write_text("not a folder")
+    assert main(["demo", "--out", str(blocker), "--quiet"]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_cli_demo_refuses_an_out_it_cannot_create(tmp_path, capsys):
+    blocker = tmp_path / "taken"
+    blocker.write_text("not a folder")
+    assert main(["demo", "--out", str(blocker / "below"), "--quiet"]) == 2
+    assert "cannot write the demo" in capsys.readouterr().err
