@@ -71,9 +71,9 @@ def test_generate_errors_are_one_line(model_dir, tmp_path, capsys, monkeypatch):
 
 
 def test_model_comes_from_the_environment_or_a_clear_error(model_dir, capsys, monkeypatch, tmp_path):
-    import unimodal.serve as serve
+    import unimodal.core.paths as paths
 
-    monkeypatch.setattr(serve, "default_model_dir", lambda: tmp_path / "no-default-model")
+    monkeypatch.setattr(paths, "default_model_dir", lambda: tmp_path / "no-default-model")
     monkeypatch.delenv("UNIMODAL_MODEL", raising=False)
     code, _, err = run(capsys, "generate", "--image", tmp_path / "any.png", "--to", "text", "--quiet")
     assert code == 2 and "--model DIR" in err and "unimodal train" in err

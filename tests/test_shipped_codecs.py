@@ -34,11 +34,11 @@ def test_shipped_codecs_load_and_round_trip(folder, frame_rate):
 
 def test_packaged_default_model_loads_offline_and_generates(monkeypatch):
     from unimodal.pipeline import UniModal
-    from unimodal.serve import default_model_dir, resolve_model_dir
+    from unimodal.core.paths import default_model_dir, resolve_model_dir
 
     monkeypatch.delenv("UNIMODAL_MODEL", raising=False)
     assert resolve_model_dir(None) == default_model_dir()  # generate/serve/eval work without --model
-    pipe = UniModal.from_pretrained(default_model_dir())
+    pipe = UniModal.from_pretrained()  # no folder: the packaged model, offline
     sample = make_sample(0, 2, 0, heldout=False, speech=False)
     caption = pipe.generate(image=sample.image, to="text", steps=8, seed=0)
     assert isinstance(caption.text, str) and caption.text.strip() and caption.forward_passes <= 8

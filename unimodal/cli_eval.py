@@ -6,14 +6,12 @@ import json
 import sys
 from pathlib import Path
 
+from unimodal.checks import SETTING_KEYS
 from unimodal.core.errors import InputError
 
-SAMPLING_FLAGS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "choice_temperature",
-                  "block_length")
-
-
 def _settings(args) -> dict:
-    return {key: getattr(args, key) for key in SAMPLING_FLAGS if getattr(args, key, None) is not None}
+    """The sampler settings given on the command line (the seed is the evaluation's own, per request)."""
+    return {key: getattr(args, key) for key in SETTING_KEYS if key != "seed" and getattr(args, key, None) is not None}
 
 
 def _directions(text: str, known) -> list[str]:

@@ -8,13 +8,11 @@ from unimodal.cli_common import add_model_arguments, parse_cfg
 
 
 def _cmd_generate(args) -> int:
-    from unimodal.checks import check_request
+    from unimodal.checks import GENERATE_KEYS, check_request
     from unimodal.serve import check_model, load_pipeline, run_generate
 
-    request = {key: getattr(args, key) for key in ("text", "image", "audio", "to", "steps", "mode", "tau",
-                                                   "temperature", "top_k", "top_p", "cfg", "seed",
-                                                   "max_text_tokens", "max_audio_seconds", "choice_temperature")}
-    request["out"] = args.out
+    # every request key this command has a flag for (checks.GENERATE_KEYS mirrors the sampler's settings)
+    request = {key: getattr(args, key) for key in GENERATE_KEYS if hasattr(args, key)}
     model_dir = check_model(args.model, args.device)  # all of it before torch is even imported
     checked = check_request(request, needs_out=True)
     pipe = load_pipeline(model_dir, args.device)

@@ -50,6 +50,7 @@ from unimodal.tokenizers_mm.vocoder import MelVocoder
 from unimodal.checks import check_model_folder, check_to
 from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
+from unimodal.core.paths import resolve_model_dir
 from unimodal.core.grammar import unknown_words
 from unimodal.core.seeds import check_seed
 from unimodal.inputs import as_audio, as_image, as_text
@@ -95,10 +96,11 @@ class UniModal(DiffusionPipeline):
     # ---- loading --------------------------------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> "UniModal":
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None = None, **kwargs) -> "UniModal":
         """Load a saved pipeline (a folder with ``model_index.json``) or a training run's model folder
-        (``backbone/``, ``layout.json``, ``text/``, ``image/``, ``audio/``, as ``unimodal train`` writes it)."""
-        folder = check_model_folder(pretrained_model_name_or_path)  # damaged files named before torch reads them
+        (``backbone/``, ``layout.json``, ``text/``, ``image/``, ``audio/``, as ``unimodal train`` writes it).
+        Without a folder: ``$UNIMODAL_MODEL``, else the model shipped in the package (offline, no download)."""
+        folder = check_model_folder(resolve_model_dir(pretrained_model_name_or_path))  # damaged files named before torch reads them
         try:
             if (folder / PIPELINE_INDEX).is_file():
                 kwargs.setdefault("local_files_only", True)

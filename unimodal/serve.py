@@ -56,28 +56,10 @@ from unimodal.checks import (GENERATE_KEYS, INPUT_KEYS, SETTING_KEYS, CheckedReq
                              check_model_folder, check_request, plan_outputs)
 from unimodal.checks_refine import REFINE_OPS, check_refine_request
 from unimodal.core.errors import DeviceError, InputError, UnimodalError
+from unimodal.core.paths import MODEL_ENV, default_model_dir, resolve_model_dir  # noqa: F401 (the server's API)
 from unimodal.results import save_outputs  # noqa: F401 (part of the server's API)
 
 OPS = ("generate", "critique", "refine", "edit", "ping", "shutdown")
-MODEL_ENV = "UNIMODAL_MODEL"
-
-
-def default_model_dir() -> Path:
-    return Path(__file__).resolve().parent / "default_model"
-
-
-def resolve_model_dir(model: str | os.PathLike | None) -> Path:
-    """``model``, else ``$UNIMODAL_MODEL``, else the packaged default model; a clear error when there is none."""
-    if model:
-        return Path(model).expanduser()
-    if os.environ.get(MODEL_ENV):
-        return Path(os.environ[MODEL_ENV]).expanduser()
-    if default_model_dir().is_dir():
-        return default_model_dir()
-    raise InputError(f"no model given: pass --model DIR (a trained model folder such as OUT/model from "
-                     f"`unimodal train --out OUT`, or a folder written by UniModal.save_pretrained) or set "
-                     f"{MODEL_ENV}=DIR. To train one: unimodal codec train text|image|audio, then "
-                     f"unimodal train --preset small --data scenes --out runs/small")
 
 
 def check_model(model: str | os.PathLike | None, device: str | None = None) -> Path:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from unimodal.core.errors import InputError
+
 
 def cache_root() -> Path:
     """The cache root: ``$UNIMODAL_CACHE`` if set, else ``$XDG_CACHE_HOME/unimodal`` or ``~/.cache/unimodal``."""
@@ -58,3 +60,25 @@ def atomic_write(path: str | os.PathLike, write) -> Path:
             os.unlink(temporary)
         raise
     return path
+
+
+MODEL_ENV = "UNIMODAL_MODEL"
+
+
+def default_model_dir() -> Path:
+    """The model shipped inside the package."""
+    return PACKAGE_DIR / "default_model"
+
+
+def resolve_model_dir(model: str | os.PathLike | None) -> Path:
+    """``model``, else ``$UNIMODAL_MODEL``, else the packaged default model; a clear error when there is none."""
+    if model:
+        return Path(model).expanduser()
+    if os.environ.get(MODEL_ENV):
+        return Path(os.environ[MODEL_ENV]).expanduser()
+    if default_model_dir().is_dir():
+        return default_model_dir()
+    raise InputError(f"no model given: pass --model DIR (a trained model folder such as OUT/model from "
+                     f"`unimodal train --out OUT`, or a folder written by UniModal.save_pretrained) or set "
+                     f"{MODEL_ENV}=DIR. To train one: unimodal codec train text|image|audio, then "
+                     f"unimodal train --preset small --data scenes --out runs/small")
