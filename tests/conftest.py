@@ -88,3 +88,25 @@ def tiny_caption_model_dir(tiny_codec_dir, tmp_path_factory):
     """The tiny random model with room for a whole scene caption (the tiny BPE spends up to ~20 tokens on one),
     for the demo and the demos/ scripts, which feed it real captions."""
     return write_tiny_model(tiny_codec_dir, tmp_path_factory.mktemp("tiny-caption-model") / "model", max_text_len=32)
+
+
+def toy_layout():
+    """A layout small enough to write tokens of every modality by hand."""
+    from unimodal.tokenizers_mm.layout import Layout
+
+    return Layout(text_vocab_size=40, image_codebook_size=16, audio_codebook_size=12, audio_frame_rate=10.0,
+                  max_text_len=8, max_audio_len=10)
+
+
+def mixed_batch(layout, seed=0):
+    """One batch of four tasks (text->image, image->text, text->audio, joint) over random tokens of ``layout``."""
+    import numpy as np
+    import torch
+
+    from unimodal.training.tasks import Task, build_example, collate_examples
+
+    rng = np.random.default_rng(seed)
+    tokens = {"text": torch.from_numpy(rng.integers(0, 40, 3)), "image": torch.from_numpy(rng.integers(0, 16, 64)),
+              "audio": torch.from_numpy(rng.integers(0, 12, 5))}
+    tasks = ["text->image", "image->text", "text->audio", "->text+image+audio"]
+    return collate_examples([build_example(layout, tokens, Task.parse(t)) for t in tasks])

@@ -13,7 +13,7 @@ import torch
 from unimodal.backbone.dit import DiT
 from unimodal.core.errors import InputError
 from unimodal.core.grammar import COLORS, SHAPES, SIZES
-from unimodal.tokenizers_mm.layout import MASK, SEGMENT_IDS, Layout
+from unimodal.tokenizers_mm.layout import MASK, SEGMENT_IDS
 from unimodal.training.critic import (AttributeSwaps, CriticDraft, CriticSpec, critic_drafts, critic_loss,
                                       still_masked, swap_codes)
 from unimodal.training.objective import LossSpec, TargetVocab, mask_targets
@@ -21,18 +21,7 @@ from unimodal.training.schedule import MaskSchedule
 from unimodal.training.tasks import Task, build_example, collate_examples
 from unimodal.training.train import TrainConfig, _optimizer, step_loss, trainable_optimizer_state
 
-
-def _layout():
-    return Layout(text_vocab_size=40, image_codebook_size=16, audio_codebook_size=12, audio_frame_rate=10.0,
-                  max_text_len=8, max_audio_len=10)
-
-
-def _mixed_batch(layout, seed=0):
-    rng = np.random.default_rng(seed)
-    tokens = {"text": torch.from_numpy(rng.integers(0, 40, 3)), "image": torch.from_numpy(rng.integers(0, 16, 64)),
-              "audio": torch.from_numpy(rng.integers(0, 12, 5))}
-    tasks = ["text->image", "image->text", "text->audio", "->text+image+audio"]
-    return collate_examples([build_example(layout, tokens, Task.parse(t)) for t in tasks])
+from conftest import mixed_batch, toy_layout  # noqa: E402
 
 
 def _critic_params(model):
@@ -40,8 +29,8 @@ def _critic_params(model):
 
 
 def test_drafts_commit_the_most_confident_fills_and_label_what_differs_from_the_truth():
-    layout = _layout()
-    batch = _mixed_batch(layout)
+    layout = toy_layout()
+    batch = mixed_batch(layout)
     b = batch.batch
     torch.manual_seed(0)
     model = DiT.from_preset("tiny", layout.vocab_size)
@@ -67,7 +56,7 @@ def test_drafts_commit_the_most_confident_fills_and_label_what_differs_from_the_
 
 
 def test_code_swaps_never_keep_the_code_and_leave_end_and_pad_alone():
-    layout = _layout()
+    layout = toy_layout()
     spec = CriticSpec.of(layout, 0.1, 1.0, 0.5)
     low, size = spec.code_ranges[SEGMENT_IDS["image"]]
     ids = (low + torch.arange(64) % size)[None]
@@ -109,8 +98,8 @@ def test_the_critic_loss_is_finite_and_reaches_the_head_only_at_scored_slots():
     assert torch.isfinite(loss) and loss.item() == pytest.approx(np.log(2))
     assert torch.equal(logits.grad != 0, scored)
     # through the step: the critic head gets a gradient from the critic term, and none without it
-    layout = _layout()
-    batch = _mixed_batch(layout, seed=2)
+    layout = toy_layout()
+    batch = mixed_batch(layout, seed=2)
     torch.manual_seed(0)
     model = DiT.from_preset("tiny", layout.vocab_size)
     with torch.no_grad():
@@ -131,7 +120,7 @@ def test_the_critic_loss_is_finite_and_reaches_the_head_only_at_scored_slots():
 
 
 def test_at_weight_0_the_critic_head_is_out_of_the_step_and_the_optimizer():
-    layout = _layout()
+    layout = toy_layout()
     cfg = TrainConfig()
     assert cfg.critic_weight == 0 and cfg.loss_spec(layout).critic is None
     torch.manual_seed(0)
@@ -141,7 +130,7 @@ def test_at_weight_0_the_critic_head_is_out_of_the_step_and_the_optimizer():
     in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
     assert not in_optimizer & _critic_params(model)
     assert len(in_optimizer) == sum(1 for p in model.parameters()) - len(_critic_params(model))
-    loss, _ = step_loss(model, _mixed_batch(layout), MaskSchedule(), torch.Generator().manual_seed(0),
+    loss, _ = step_loss(model, mixed_batch(layout), MaskSchedule(), torch.Generator().manual_seed(0),
                         cfg.loss_spec(layout))
     loss.backward()
     assert all(p.grad is None for p in model.critic_head.parameters())
@@ -159,9 +148,9 @@ def test_at_weight_0_the_critic_head_is_out_of_the_step_and_the_optimizer():
 
 
 def _inputs(layout):
-    b = _mixed_batch(layout).batch
+    b = mixed_batch(layout).batch
     return dict(ids=b.ids, t=torch.full((4,), 0.5), segment_ids=b.segment_ids, positions=b.positions,
-                is_target=_mixed_batch(layout).is_target, attention_mask=b.attention_mask)
+                is_target=mixed_batch(layout).is_target, attention_mask=b.attention_mask)
 
 
 def _striped_batch(layout, rows: int, generator: torch.Generator):
@@ -175,7 +164,7 @@ def _striped_batch(layout, rows: int, generator: torch.Generator):
 def test_a_trained_critic_scores_swapped_codes_above_clean_ones():
     """60 steps with the critic on: at t = 0 the head's "wrong" logit is higher at swapped codes than at the
     others of the same pictures (AUROC over a held-out batch; untrained it is 0.5, with the labels inverted ~0)."""
-    layout = _layout()
+    layout = toy_layout()
     torch.manual_seed(0)
     model = DiT.from_preset("tiny", layout.vocab_size)
     model.critic_head.requires_grad_(True)

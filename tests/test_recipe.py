@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from unimodal.backbone.dit import DiT
-from unimodal.tokenizers_mm.layout import PAD, Layout
+from unimodal.tokenizers_mm.layout import PAD
 from unimodal.training.hardware import cpu_has_bf16_units, resolve_device, use_bf16
 from unimodal.training.objective import (LossSpec, TargetVocab, complementary_masks, mask_targets, masked_diffusion_loss, sparse_diffusion_loss,
                                 token_weight)
@@ -17,23 +17,12 @@ from unimodal.training.tasks import Task, build_example, collate_examples
 from unimodal.training.train import Deadline, RunOptions, TrainConfig, step_loss, train
 from unimodal.core.errors import DataError, InputError
 
-
-def _layout():
-    return Layout(text_vocab_size=40, image_codebook_size=16, audio_codebook_size=12, audio_frame_rate=10.0,
-                  max_text_len=8, max_audio_len=10)
-
-
-def _mixed_batch(layout, seed=0):
-    rng = np.random.default_rng(seed)
-    tokens = {"text": torch.from_numpy(rng.integers(0, 40, 3)), "image": torch.from_numpy(rng.integers(0, 16, 64)),
-              "audio": torch.from_numpy(rng.integers(0, 12, 5))}
-    tasks = ["text->image", "image->text", "text->audio", "->text+image+audio"]
-    return collate_examples([build_example(layout, tokens, Task.parse(t)) for t in tasks])
+from conftest import mixed_batch, toy_layout  # noqa: E402
 
 
 def test_sparse_loss_equals_the_dense_loss_over_each_slots_allowed_ids():
-    layout = _layout()
-    batch = _mixed_batch(layout)
+    layout = toy_layout()
+    batch = mixed_batch(layout)
     torch.manual_seed(0)
     model = DiT.from_preset("tiny", layout.vocab_size)
     with torch.no_grad():  # random head and output bias: the restriction must matter
@@ -62,7 +51,7 @@ def test_sparse_loss_equals_the_dense_loss_over_each_slots_allowed_ids():
 
 
 def test_real_normalisation_counts_content_and_end_not_filler():
-    layout = _layout()
+    layout = toy_layout()
     tokens = {"text": torch.tensor([5, 6]), "image": torch.zeros(64, dtype=torch.long)}
     batch = collate_examples([build_example(layout, tokens, Task.parse("image->text"))])
     masked = mask_targets(batch.batch.ids, batch.maskable, torch.tensor([1.0]))
@@ -80,8 +69,8 @@ def test_real_normalisation_counts_content_and_end_not_filler():
 
 
 def test_step_loss_sparse_and_dense_agree_on_gradients_of_the_trunk():
-    layout = _layout()
-    batch = _mixed_batch(layout, seed=3)
+    layout = toy_layout()
+    batch = mixed_batch(layout, seed=3)
     torch.manual_seed(0)
     model = DiT.from_preset("tiny", layout.vocab_size)
     t = torch.full((4,), 0.5)
@@ -94,8 +83,8 @@ def test_step_loss_sparse_and_dense_agree_on_gradients_of_the_trunk():
 
 
 def test_complementary_masks_train_every_target_token_once_per_step():
-    layout = _layout()
-    batch = _mixed_batch(layout, seed=5)
+    layout = toy_layout()
+    batch = mixed_batch(layout, seed=5)
     t = torch.tensor([0.2, 0.5, 0.7, 0.95])
     masked = complementary_masks(batch.batch.ids, batch.maskable, t, torch.Generator().manual_seed(0))
     first, second = masked.masked[:4], masked.masked[4:]
