@@ -146,3 +146,13 @@ def test_the_wheel_installs_one_top_level_package(tmp_path):
     for part in ("backbone/dit.py", "training/train.py", "training/data/folder.py", "inference/sampler.py",
                  "tokenizers_mm/layout.py", "core/errors.py", "default_model/layout.json"):
         assert f"unimodal/{part}" in names
+
+
+def test_docs_architecture_lists_every_module_and_only_real_ones():
+    """docs/architecture.md has one line per module: a new module must be added there, a removed one taken out."""
+    import re
+
+    text = (REPO / "docs" / "architecture.md").read_text()
+    listed = set(re.findall(r"^\| `(unimodal(?:\.[a-z_0-9]+)*)` \|", text, re.M))
+    assert not set(MODULES) - listed, f"add to docs/architecture.md: {sorted(set(MODULES) - listed)}"
+    assert not listed - set(MODULES), f"docs/architecture.md lists modules that do not exist: {sorted(listed - set(MODULES))}"
