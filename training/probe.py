@@ -10,7 +10,8 @@ word (colour, shape, size, position) the model's first choice?
 - autoregressive twin: the argmax of the next-token prediction at each attribute word (its own inference
   state: everything before the word visible).
 
-Both read the same image->text validation examples. The figure is a teacher-forced accuracy, not a judged
+Both read the same image->text validation examples. A word counts when the text codec writes it as one token
+(every attribute word is one token in the shipped codec; a codec that splits a word leaves it out). The figure is a teacher-forced accuracy, not a judged
 one: it says where a recipe stands early and cheaply, ``unimodal eval`` still decides.
 """
 

@@ -101,6 +101,23 @@ def judge_variant(budget: RecipeBudget, run: Path, progress: bool) -> dict:
             for d, f in report["figures"].items()}
 
 
+PROBE_CAPTIONS = 128  # validation captions the word probe reads (~600 attribute words)
+
+
+def probe_variant(budget: RecipeBudget, run: Path) -> dict:
+    """The word probe (``unimodal.training.probe``) of a variant's model on the budget's validation captions:
+    a teacher-forced figure on ~600 words, far less noisy than 64 judged captions."""
+    from unimodal.training.data.sources import resolve_data
+    from unimodal.training.probe import word_probe
+    from unimodal.training.tokens import CodecStack, tokenized_split
+
+    model = run / "model"
+    stack = CodecStack.load(model)
+    tokens = [t for source in resolve_data([d for d in budget.data.split(",") if d])
+              for t in tokenized_split(stack, model, source, "val", progress=False)]
+    return word_probe(model, [t for t in tokens if "image" in t and "text" in t][:PROBE_CAPTIONS], stack.text)
+
+
 def run_recipe(budget: RecipeBudget, variants: list[tuple[str, dict]], codec_dir, out: str | Path,
                progress: bool = True) -> dict:
     out = Path(out)
@@ -113,15 +130,23 @@ def run_recipe(budget: RecipeBudget, variants: list[tuple[str, dict]], codec_dir
         done = report["variants"].get(name)
         if done and done["overrides"] != overrides:
             raise InputError(f"variant {name!r} in {out} was run with {done['overrides']}, not {overrides}")
-        if done and "judged" in done:
+        if done and "judged" in done and "probe" in done:
             continue
-        facts = train_variant(budget, name, overrides, codec_dir, out, progress)
-        facts["judged"] = judge_variant(budget, Path(facts["run"]), progress)
-        report["variants"][name] = {"overrides": overrides, **facts}
-        tmp = cache.with_name(cache.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=1))
-        tmp.replace(cache)
+        if done and "judged" in done:  # judged before the probe existed: add it
+            done["probe"] = probe_variant(budget, Path(done["run"]))
+        else:
+            facts = train_variant(budget, name, overrides, codec_dir, out, progress)
+            facts["judged"] = judge_variant(budget, Path(facts["run"]), progress)
+            facts["probe"] = probe_variant(budget, Path(facts["run"]))
+            report["variants"][name] = {"overrides": overrides, **facts}
+        _save(report, cache)
     return report
+
+
+def _save(report: dict, cache: Path) -> None:
+    tmp = cache.with_name(cache.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1))
+    tmp.replace(cache)
 
 
 def format_report(report: dict) -> str:
@@ -130,11 +155,13 @@ def format_report(report: dict) -> str:
     from unimodal.inference.evaluate import paired_difference
 
     budget = report["budget"]
-    lines = [f"budget: preset {budget['preset']}, {budget['steps']} steps x batch {budget['batch_size']}, lr "
+    lines = [f"probe: attribute words of {PROBE_CAPTIONS} validation captions chosen first, teacher-forced "
+             f"(unimodal.training.probe); shape: its shape words",
+             f"budget: preset {budget['preset']}, {budget['steps']} steps x batch {budget['batch_size']}, lr "
              f"{budget['lr']}, data {budget['data']}, tasks {budget['tasks']}; judged on {budget['eval_n']} test "
              f"cases per direction (per-output sampling defaults)",
              f"{'variant':<14} {'train min':>9} {'tok/s':>7} {'text->image':>11} {'image->text':>11} "
-             f"{'paired diff vs the first (95% CI)':>52}  settings"]
+             f"{'paired diff vs the first (95% CI)':>52} {'probe':>6} {'shape':>6}  settings"]
     reference = next(iter(report["variants"].values()), {}).get("judged", {})
     for name, v in report["variants"].items():
         judged = v.get("judged", {})
@@ -142,6 +169,10 @@ def format_report(report: dict) -> str:
         diffs = [paired_difference(judged.get(d, {}).get("verdicts"), reference.get(d, {}).get("verdicts"))
                  for d in DIRECTIONS]
         cells.append(f"{'  '.join(_diff(d) for d in diffs):>52}")
+        probe = v.get("probe") or {}
+        shape = probe.get("by_class", {}).get("shape", {}).get("accuracy")
+        cells.append(f"{probe['accuracy']:6.3f}" if probe else f"{'-':>6}")
+        cells.append(f"{shape:6.3f}" if shape is not None else f"{'-':>6}")
         minutes = f"{v['seconds'] / 60:9.1f}" if v.get("seconds") else f"{'-':>9}"
         speed = f"{v['tokens_per_s_median']:7.0f}" if v.get("tokens_per_s_median") else f"{'-':>7}"
         lines.append(f"{name:<14} {minutes} {speed} {' '.join(cells)}  {v['overrides'] or 'defaults'}")

@@ -1,0 +1,68 @@
+"""The word probe reads exactly the attribute words of each caption: an oracle that copies the clean next token
+(autoregressive) is right on every one, a model that can only copy its input (diffusion) is right on none,
+because each probed word is masked."""
+
+import json
+
+import pytest
+import torch
+
+from unimodal.core.grammar import COLORS, SHAPES
+from unimodal.training import probe as probe_module
+from unimodal.training.probe import word_probe
+
+from conftest import write_tiny_model  # noqa: E402
+
+
+class _Out:
+    def __init__(self, logits):
+        self.logits = logits
+
+
+class _Oracle(torch.nn.Module):
+    """``next``: logits at i are one-hot of ids[i + 1] (what an AR model should say); else one-hot of ids[i]."""
+
+    def __init__(self, vocab: int, next_token: bool):
+        super().__init__()
+        self.vocab, self.next_token = vocab, next_token
+
+    def forward(self, ids, t, segment_ids, positions, is_target, attention_mask):
+        target = torch.roll(ids, -1, dims=1) if self.next_token else ids
+        return _Out(torch.nn.functional.one_hot(target, self.vocab).float())
+
+
+@pytest.fixture(scope="module")
+def probe_setup(tiny_codec_dir, tmp_path_factory):
+    from unimodal.training.data.scenes import make_sample
+    from unimodal.training.tokens import CodecStack
+
+    model_dir = write_tiny_model(tiny_codec_dir, tmp_path_factory.mktemp("probe") / "model", max_text_len=32)
+    stack = CodecStack.load(model_dir)
+    captions = ["a small red circle on the left", "a large blue square at the top"]
+    tokens = [{"text": stack.text.encode_one(c), "image": stack.image.encode(make_sample(i, 0, 0, heldout=False,
+                                                                                          speech=False).image[None])[0]}
+              for i, c in enumerate(captions)]
+    return model_dir, stack, tokens, captions
+
+
+@pytest.mark.parametrize("objective, oracle_next, expected", [("ar", True, 1.0), ("diffusion", False, 0.0)])
+def test_the_probe_reads_exactly_the_attribute_words(probe_setup, monkeypatch, objective, oracle_next, expected):
+    model_dir, stack, tokens, captions = probe_setup
+    config = json.loads((model_dir / "training_config.json").read_text())
+    (model_dir / "training_config.json").write_text(json.dumps({**config, "objective": objective}))
+    vocab = stack.layout.vocab_size
+    monkeypatch.setattr(probe_module, "load_pretrained", lambda cls, folder: _Oracle(vocab, oracle_next))
+    report = word_probe(model_dir, tokens, stack.text)
+    single = [w for c in captions for w in c.split() if len(stack.text.encode_one(" " + w)) == 1
+              and (w in COLORS or w in SHAPES or w in ("small", "large", "left", "top"))]
+    assert report["objective"] == objective and report["captions"] == 2
+    assert report["words"] == len(single) > 0  # the one-token attribute words, each once
+    assert report["accuracy"] == expected
+
+
+def test_the_probe_needs_captioned_pictures(probe_setup):
+    model_dir, stack, tokens, _ = probe_setup
+    from unimodal.core.errors import InputError
+
+    with pytest.raises(InputError, match="image\\+text"):
+        word_probe(model_dir, [{"text": tokens[0]["text"]}], stack.text)
