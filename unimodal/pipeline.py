@@ -47,7 +47,7 @@ from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel
 from unimodal.tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
 from unimodal.tokenizers_mm.text import TextCodec
 from unimodal.tokenizers_mm.vocoder import MelVocoder
-from unimodal.checks import check_model_folder, check_to
+from unimodal.checks import check_model_folder, check_not_both, check_to
 from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
 from unimodal.core.paths import resolve_model_dir
@@ -343,10 +343,7 @@ class UniModal(DiffusionPipeline):
         return inputs
 
     def _check_directions(self, item: "_Prepared", where: str) -> None:
-        both = [m for m in item.targets if m in item.inputs]
-        if both:
-            raise InputError(f"{where}{', '.join(both)} is both an input and an output; generate a modality "
-                             f"from the others (to edit an input use edit/refine, not generate)")
+        check_not_both(item.inputs, item.targets, where)
         readable, writable = self.trained_modalities
         for modality in item.inputs:
             if modality not in readable:
