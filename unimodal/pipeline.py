@@ -483,8 +483,17 @@ class UniModal(DiffusionPipeline):
 
         return refine(self, result, **kwargs)
 
-    def edit(self, content, region, **kwargs):
-        """Regenerate ``region`` of ``content`` from a new description; see :func:`unimodal.refine.edit`."""
+    def edit(self, content, region=None, instruction: str | None = None, **kwargs):
+        """Described: regenerate ``region`` of ``content`` from a new description (``text=``); the edited result,
+        see :func:`unimodal.refine.edit`. Instructed (``instruction="make the circle blue"``): plan, execute and
+        check the edit; (the edited result, its trace), see :func:`unimodal.instructed.instructed_edit`."""
+        if instruction is not None:
+            from unimodal.instructed import instructed_edit
+
+            return instructed_edit(self, content, instruction, region=region, **kwargs)
+        if region is None:
+            raise InputError("edit needs region= (a box, seconds or chars, with text= the new description) or "
+                             "instruction= (e.g. 'make the circle blue')")
         from unimodal.refine import edit
 
         return edit(self, content, region, **kwargs)

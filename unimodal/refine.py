@@ -232,8 +232,14 @@ def _check_regions(pipe, result, modality: str, asked: dict, request: str, diffe
     duration = len(result.token_ids["audio"]) / pipe.layout.audio_frame_rate
     if at < 0 or duration <= 0:
         return []
-    middle = duration * (at + 0.5 * len(words[0])) / max(len(request), 1)
-    return [{"modality": "audio", "seconds": [round(max(0.0, middle - 0.4), 3), round(min(duration, middle + 0.4), 3)]}]
+    return [{"modality": "audio", "seconds": speech_span(duration, request, at, len(words[0]))}]
+
+
+def speech_span(duration: float, text: str, start: int, length: int, half: float = 0.4) -> list[float]:
+    """Seconds where characters ``start : start + length`` of ``text`` are spoken in a clip of ``duration``,
+    assuming an even speaking rate: ``half`` seconds either side of the word's middle, within the clip."""
+    middle = duration * (start + 0.5 * length) / max(len(text), 1)
+    return [round(max(0.0, middle - half), 3), round(min(duration, middle + half), 3)]
 
 
 # ---- refine and edit ----------------------------------------------------------------------------------------
@@ -361,4 +367,5 @@ def score_curve(wave, scores, frame_rate: float, sample_rate: int, regions: Sequ
     return image
 
 
-__all__ = ["Critique", "as_result", "critique", "cross_modal_check", "edit", "heat_map", "refine", "score_curve"]
+__all__ = ["Critique", "as_result", "critique", "cross_modal_check", "edit", "heat_map", "refine", "score_curve",
+           "speech_span"]

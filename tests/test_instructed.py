@@ -1,0 +1,257 @@
+"""Instructed edits: the instruction language (every form, every refusal), the plan on hand-made scenes (target
+caption, the named object's box, found by its colour), and the plumbing on a tiny untrained model: tokens outside
+the planned region never change, the trace is JSON, bad requests are refused before the edit runs, and the CLI's
+``--instruction``. (The random model will not make the edit right: the verdict is reported, not tested.)"""
+
+import json
+
+import numpy as np
+import pytest
+
+from unimodal.core.errors import InputError
+from unimodal.core.grammar import scene_caption
+from unimodal.core.instructions import apply_instruction, parse_instruction, replace_word, require_fits
+
+PROMPT = "a small red circle on the left"
+FAST = dict(steps=4)
+ONE = {"objects": [{"shape": "circle", "color": "red", "size": "small", "position": "left"}], "relation": None}
+PAIR = {"objects": [{"shape": "circle", "color": "red", "size": "small"},
+                    {"shape": "square", "color": "blue", "size": "large"}], "relation": "left of"}
+
+
+# ---- the language -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("said, expected", [
+    ("make the circle blue", {"kind": "attribute", "object": "circle", "change": {"color": "blue"}}),
+    ("Make the small red circle LARGE.", {"kind": "attribute", "object": "small red circle",
+                                          "change": {"size": "large"}}),
+    ("make it purple", {"kind": "attribute", "object": "it", "change": {"color": "purple"}}),
+    ("turn the red cross into a triangle", {"kind": "attribute", "object": "red cross",
+                                            "change": {"shape": "triangle"}}),
+    ("change it into a square", {"kind": "attribute", "object": "it", "change": {"shape": "square"}}),
+    ("move the square to the centre", {"kind": "attribute", "object": "square", "change": {"position": "center"}}),
+    ("replace 'small' by 'large'", {"kind": "word", "old": "small", "new": "large"}),
+    ('replace "on the left" with "at the top"', {"kind": "word", "old": "on the left", "new": "at the top"}),
+    ("say 'green' instead of 'red'", {"kind": "word", "old": "red", "new": "green"}),
+])
+def test_every_form_is_understood(said, expected):
+    parsed = parse_instruction(said).to_dict()
+    assert {k: v for k, v in parsed.items() if k != "instruction"} == expected
+
+
+@pytest.mark.parametrize("said, match", [
+    ("paint it black", "(?s)not in the instruction language;.*make the <object>"),
+    ("make the circle happy", "'happy' is not a color"),
+    ("make the circle to the left", r"(?s)\['to', 'the'\] name no object.*move the <object>"),
+    ("turn the circle into a blue", "'blue' is not a shape"),
+    ("move the circle to the moon", "'moon' is not a position"),
+    ("make the big circle blue", r"\['big'\] name no object"),
+    ("replace 'red' by 'RED'", "by itself"),
+    ("", "non-empty string"),
+])
+def test_anything_else_is_refused_with_the_forms_or_the_word_expected(said, match):
+    with pytest.raises(InputError, match=match):
+        parse_instruction(said)
+
+
+def test_each_kind_fits_its_content():
+    require_fits(parse_instruction("make the circle blue"), "image")
+    require_fits(parse_instruction("say 'a' instead of 'b'"), "audio")
+    with pytest.raises(InputError, match="edits a picture .* but the content is text"):
+        require_fits(parse_instruction("make the circle blue"), "text")
+    with pytest.raises(InputError, match="edits a caption or speech .* but the content is image"):
+        require_fits(parse_instruction("replace 'a' by 'b'"), "image")
+
+
+# ---- the plan on hand-made scenes ---------------------------------------------------------------------------------
+
+
+def test_the_target_changes_the_named_attribute_only():
+    target, index = apply_instruction(ONE, parse_instruction("make the circle blue"))
+    assert index == 0 and scene_caption(target, 0) == "a small blue circle on the left"
+    target, index = apply_instruction(PAIR, parse_instruction("turn the blue square into a cross"))
+    assert index == 1 and scene_caption(target, 0) == "a small red circle to the left of a large blue cross"
+    assert PAIR["objects"][1]["shape"] == "square"  # the source is not touched
+
+
+@pytest.mark.parametrize("scene, said, match", [
+    (ONE, "make the triangle blue", "names the triangle, but the picture shows a small red circle"),
+    (PAIR, "make it blue", "says 'it', but the picture shows"),
+    ({**PAIR, "objects": [PAIR["objects"][0], {**PAIR["objects"][1], "shape": "circle"}]}, "make the circle green",
+     "fits both"),
+    (PAIR, "move the circle to the top", "'move' applies to a picture of one object"),
+    (ONE, "make the circle red", "already red; nothing to change"),
+])
+def test_an_instruction_the_scene_cannot_take_is_refused(scene, said, match):
+    with pytest.raises(InputError, match=match):
+        apply_instruction(scene, parse_instruction(said))
+
+
+def test_replace_word_finds_the_one_whole_word():
+    assert replace_word(PROMPT, "Red", "blue") == ("a small blue circle on the left", (8, 11))
+    with pytest.raises(InputError, match="has no word 'green'"):
+        replace_word(PROMPT, "green", "blue")
+    with pytest.raises(InputError, match="has 2 of the word 'the'"):
+        replace_word("the red circle above the square", "the", "a")
+    with pytest.raises(InputError, match="has no word 'mall'"):
+        replace_word(PROMPT, "mall", "big")  # a part of a word is not a word
+
+
+def _scene(attrs, seed=0):
+    from unimodal.training.data.scenes import render_scene
+
+    return render_scene(attrs, np.random.default_rng(seed))
+
+
+def test_the_named_object_is_found_by_its_colour():
+    from unimodal.instructed import picture_boxes
+
+    rgb, (centre,) = _scene(ONE)
+    target, index = apply_instruction(ONE, parse_instruction("make the circle blue"))
+    (box,), located_by = picture_boxes(rgb, ONE, target, index)
+    assert located_by == "pixels of its colour"
+    assert box[0] < centre[0] < box[2] and box[1] < centre[1] < box[3]
+    assert 18 <= box[2] - box[0] <= 22 and 18 <= box[3] - box[1] <= 22  # a small object: 18 px and a margin
+
+
+def test_a_pair_of_one_colour_is_told_apart_by_its_relation_and_a_move_adds_the_destination():
+    from unimodal.instructed import picture_boxes
+
+    same = {"objects": [{"shape": "circle", "color": "red", "size": "small"},
+                        {"shape": "square", "color": "red", "size": "large"}], "relation": "left of"}
+    rgb, centres = _scene(same)
+    target, index = apply_instruction(same, parse_instruction("make the square green"))
+    (box,), _ = picture_boxes(rgb, same, target, index)
+    assert box[0] >= 32 - 1 and box[0] < centres[1][0] < box[2]  # the right one, not both
+    rgb, _ = _scene(ONE)
+    target, index = apply_instruction(ONE, parse_instruction("move the circle to the right"))
+    (here, there), _ = picture_boxes(rgb, ONE, target, index)
+    assert here[2] <= 32 and there[0] > 32  # the old place on the left, the new one on the right
+
+
+def test_no_pixels_of_the_colour_falls_back_to_the_grammars_anchor():
+    from unimodal.instructed import picture_boxes
+
+    grey = np.full((64, 64, 3), 30, np.uint8)
+    target, index = apply_instruction(ONE, parse_instruction("make it large"))
+    (box,), located_by = picture_boxes(grey, ONE, target, index)
+    assert "anchor" in located_by and box == [1.0, 17.0, 31.0, 47.0]  # large (28 px) around (16, 32)
+
+
+# ---- the plumbing on a tiny model ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_caption_model_dir):
+    from unimodal import UniModal
+
+    return UniModal.from_pretrained(tiny_caption_model_dir)
+
+
+def _outside(before, after, indices):
+    return [k for k, (a, b) in enumerate(zip(before, after)) if a != b and k not in indices]
+
+
+def test_a_picture_edit_changes_only_the_planned_region_and_reports_its_plan(pipe):
+    picture = _scene(ONE)[0]
+    edited, trace = pipe.edit(picture, instruction="make the circle blue", text=PROMPT, **FAST)
+    assert json.loads(json.dumps(trace)) == trace
+    plan = trace["plan"]
+    assert plan["target"] == "a small blue circle on the left" and plan["read_by"] == "caller"
+    (region,) = plan["regions"]
+    inside = set(pipe.layout.image_box_to_positions(region["box"]).tolist())
+    assert 4 <= len(inside) <= 16 and region["box"][0] < 16 < region["box"][2]
+    from unimodal.refine import as_result
+
+    before = as_result(pipe, picture).token_ids["image"]
+    assert _outside(before, edited.token_ids["image"], inside) == []
+    assert trace["tokens_changed"]["outside"] == 0
+    assert trace["passes"]["plan"] == 0 and trace["passes"]["execute"] == 4 and trace["passes"]["check"] > 0
+    assert trace["forward_passes"] == sum(trace["passes"].values()) == edited.forward_passes
+    assert isinstance(trace["check"]["parses_to_target"], bool) and "read_back" in trace["check"]
+
+
+def test_without_text_the_picture_is_read_back_by_the_model(pipe, monkeypatch):
+    calls = []
+    real = pipe.generate
+
+    def reads(**kwargs):
+        calls.append(kwargs)
+        result = real(**kwargs)
+        result.text = PROMPT if len(calls) == 1 else "a small blue circle on the left"
+        return result
+
+    monkeypatch.setattr(pipe, "generate", reads)
+    _, trace = pipe.edit(_scene(ONE)[0], instruction="make the circle blue", **FAST)
+    assert trace["plan"]["read_by"] == "model" and trace["plan"]["read_back"] == PROMPT
+    assert trace["passes"]["plan"] > 0 and "image" in calls[0]
+    assert trace["check"] == {"read_back": "a small blue circle on the left", "parses_to_target": True,
+                              "differences": []}
+
+
+def test_bad_instructed_edits_are_refused_before_the_edit_runs(pipe, monkeypatch):
+    from unimodal import instructed
+
+    monkeypatch.setattr(instructed, "edit", lambda *a, **k: pytest.fail("the edit ran"))
+    picture = _scene(ONE)[0]
+    with pytest.raises(InputError, match="names the triangle, but the picture shows a small red circle"):
+        pipe.edit(picture, instruction="make the triangle blue", text=PROMPT)
+    with pytest.raises(InputError, match="not both"):
+        pipe.edit(picture, region={"modality": "image", "box": [0, 0, 8, 8]}, instruction="make it blue")
+    with pytest.raises(InputError, match="not in the instruction language"):
+        pipe.edit(picture, instruction="paint it blue")
+    with pytest.raises(InputError, match="edits a caption or speech"):
+        pipe.edit(picture, instruction="replace 'red' by 'blue'")
+    with pytest.raises(InputError, match="region= .* or instruction="):
+        pipe.edit(picture)
+    monkeypatch.setattr(pipe, "generate", lambda **k: type("Read", (), {"text": "a red", "forward_passes": 1})())
+    with pytest.raises(InputError, match="reads back as 'a red', which states no complete scene"):
+        pipe.edit(picture, instruction="make it blue")
+
+
+def test_a_speech_edit_redoes_the_seconds_of_the_word(pipe):
+    clip = pipe.generate(text=PROMPT, to="audio", seed=0, max_audio_seconds=1.0, **FAST)
+    edited, trace = pipe.edit(clip, instruction="say 'blue' instead of 'red'", text=PROMPT, **FAST)
+    (region,) = trace["plan"]["regions"]
+    duration = len(clip.token_ids["audio"]) / pipe.layout.audio_frame_rate
+    middle = duration * (PROMPT.index("red") + 1.5) / len(PROMPT)
+    assert trace["plan"]["target"] == "a small blue circle on the left"
+    assert region["seconds"][0] < middle < region["seconds"][1]
+    inside = set(pipe.layout.audio_span_to_positions(*region["seconds"], n_codes=len(clip.token_ids["audio"])).tolist())
+    assert _outside(clip.token_ids["audio"], edited.token_ids["audio"], inside) == []
+    assert trace["tokens_changed"]["outside"] == 0 and json.loads(json.dumps(trace)) == trace
+
+
+def test_a_caption_edit_splices_the_word_and_keeps_every_other_token(pipe):
+    edited, trace = pipe.edit(PROMPT, instruction="replace 'small' by 'large'")
+    assert edited.text == "a large red circle on the left"
+    assert trace["check"]["parses_to_target"] is True and trace["forward_passes"] == 0
+    before = pipe.text_codec.encode_one(PROMPT).tolist()
+    (spliced,) = [trace["plan"]["regions"][0]["indices"]]
+    after = edited.token_ids["text"]
+    assert after[:spliced[0]] == before[:spliced[0]]
+    assert after[len(after) - (len(before) - spliced[-1] - 1):] == before[spliced[-1] + 1:]
+    assert trace["tokens_changed"]["outside"] == 0 and trace["plan"]["regions"][0]["chars"] == [2, 7]
+    edited, _ = pipe.edit(PROMPT, instruction="say 'purple' instead of 'red'")
+    assert edited.text == "a small purple circle on the left"
+
+
+def test_the_edit_command_follows_an_instruction(tiny_caption_model_dir, tmp_path, capsys):
+    from PIL import Image
+
+    from unimodal.cli import main
+
+    Image.fromarray(_scene(ONE)[0]).save(tmp_path / "red.png")
+    argv = ["edit", "--model", str(tiny_caption_model_dir), "--in", str(tmp_path / "red.png"), "--prompt", PROMPT,
+            "--instruction", "make the circle blue", "--out", str(tmp_path / "blue.png"),
+            "--trace", str(tmp_path / "edit.json")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "target 'a small blue circle on the left'" in out and (tmp_path / "blue.png").is_file()
+    trace = json.loads((tmp_path / "edit.json").read_text())
+    assert trace["instruction"]["change"] == {"color": "blue"} and trace["tokens_changed"]["outside"] == 0
+    assert main(argv[:-4] + ["--box", "0,0,8,8", "--out", str(tmp_path / "x.png")]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(argv[:8] + ["paint it blue", "--out", str(tmp_path / "y.png")]) == 2
+    assert "not in the instruction language" in capsys.readouterr().err and not (tmp_path / "y.png").exists()

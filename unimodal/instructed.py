@@ -1,0 +1,286 @@
+"""Instructed edits: ``UniModal.edit(content, instruction="make the circle blue")``, plan -> execute -> check.
+
+Training-free, on the machinery that exists:
+
+1. **understand**: :func:`unimodal.core.instructions.parse_instruction` (a small explicit language; anything else
+   is refused with the forms listed);
+2. **plan**: read the content back with the same model (caption the picture, transcribe the speech) or take the
+   caller's ``text=``; apply the instruction to what was read (the caption grammar's attributes, or one word) to
+   get the target description; localise the region to redo: a picture's object by the pixels of its colour as
+   read back (the grammar's anchor for it when none are found), a word of speech by its place in the transcript
+   (the cross-modal check's even-rate rule), a caption's word by its characters;
+3. **execute**: the described edit (:func:`unimodal.refine.edit`: re-mask the region, regenerate it from the
+   target description with the rest as context); a caption's word is spliced in as tokens, exactly (the
+   instruction spells it out; there is nothing for a model to guess);
+4. **check**: read the result back and say whether it parses to the target: a verdict, not a promise.
+
+Why pixels rather than the critic or the cross-modal check's box to localise a picture's object: the check's box
+is the grammar's anchor for a single object (it ignores where the object really is, and a pair gets none), and
+a critic scores how sure the model is of each code, not which object the instruction names. The read-back says
+which colour the named object has; the object is where that colour is.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from unimodal.core.errors import InputError
+from unimodal.core.grammar import COLORS, IMAGE_SIZE, POSITIONS, SIZES, parse_scene_caption, scene_caption, scenes_equal
+from unimodal.core.instructions import apply_instruction, parse_instruction, replace_word, require_fits
+from unimodal.inference.critique import image_region, text_offsets
+from unimodal.inputs import as_image
+from unimodal.refine import _decoded, _differences, as_result, edit, speech_span
+from unimodal.results import GenerationResult
+
+SATURATION = 60  # the scenes' background is grey (saturation 0); every colour word is far above this
+MIN_PIXELS = 6  # fewer pixels of the colour than this: the object was not found (codec noise, a bad picture)
+# Where each object of a pair stands, by its relation to the other: the grammar's anchor on that side.
+_PAIR_SIDES = {"left of": ("left", "right"), "right of": ("right", "left"), "above": ("top", "bottom"),
+               "below": ("bottom", "top")}
+
+
+def instructed_edit(pipe, content, instruction: str, region=None, text: str | None = None, image=None, audio=None,
+                    modality: str | None = None, seed: int = 0, **settings):
+    """Edit ``content`` as ``instruction`` asks; returns (the edited result, a JSON-ready trace).
+
+    ``text``: what the content says (the caption a picture was made from, the words a clip speaks), used instead
+    of reading it back; ``settings``: sampler settings of the read-backs and the regeneration."""
+    parsed = parse_instruction(instruction)
+    if region is not None:
+        raise InputError("edit takes region= (with text=, the new description) or instruction=, not both: an "
+                         "instructed edit plans its own region")
+    if image is not None or audio is not None:
+        raise InputError("an instructed edit reads only its content and the instruction (and text=, what the content "
+                         "says); image= / audio= conditions belong to a described edit (region= and text=)")
+    result = as_result(pipe, content, modality)
+    kind = _content_modality(result)
+    require_fits(parsed, kind)
+    plan = _PLANNERS[kind](pipe, result, parsed, text, seed, settings, _pixels(pipe, content, result, kind))
+    edited, execute_passes = _execute(pipe, result, plan, kind, seed, settings)
+    check = _check(pipe, edited, kind, plan["target"], seed, settings)
+    passes = {"plan": plan.pop("forward_passes"), "execute": execute_passes, "check": check.pop("forward_passes")}
+    trace = {"instruction": parsed.to_dict(), "modality": kind, "plan": plan,
+             "tokens_changed": _tokens_changed(pipe, result, edited, kind, plan), "check": check,
+             "forward_passes": sum(passes.values()), "passes": passes}
+    edited.forward_passes = trace["forward_passes"]
+    edited.settings = {**edited.settings, "instruction": trace["instruction"], "verdict": check["parses_to_target"]}
+    return edited, trace
+
+
+def _pixels(pipe, content, result, kind: str) -> np.ndarray | None:
+    """The picture to find objects in: as given (the codec is lossy; the caller's pixels are the truth), or the
+    result's own picture when the content is a result."""
+    if kind != "image":
+        return None
+    if isinstance(content, GenerationResult):
+        return np.asarray(result.image.convert("RGB"))
+    return as_image(content, pipe.image_codec.image_size)
+
+
+def _content_modality(result) -> str:
+    modalities = [m for m in ("image", "audio", "text") if m in result.token_ids]
+    if len(modalities) != 1:
+        raise InputError(f"an instructed edit works on one picture, clip or caption; this result holds {modalities}")
+    return modalities[0]
+
+
+# ---- plan ---------------------------------------------------------------------------------------------------------
+
+
+def _read_back(pipe, result, kind: str, seed: int, settings) -> tuple[str, int]:
+    """What the same model says the content shows or speaks, and the forward passes that took."""
+    given = {"image": result.image} if kind == "image" else {"audio": (result.audio, result.sample_rate)}
+    read = pipe.generate(**given, to="text", seed=seed, **settings)
+    return read.text or "", read.forward_passes
+
+
+def _what_it_says(pipe, result, kind, text, seed, settings) -> tuple[str, str, int]:
+    if text is not None:
+        return text, "caller", 0
+    read, passes = _read_back(pipe, result, kind, seed, settings)
+    return read, "model", passes
+
+
+def plan_picture(pipe, result, parsed, text, seed, settings, rgb) -> dict:
+    """Target caption and the box(es) to redo: the named object's (found by its colour) and, for a move, the
+    place it goes to."""
+    read, read_by, passes = _what_it_says(pipe, result, "image", text, seed, settings)
+    source = parse_scene_caption(read)
+    if source is None:
+        raise InputError(f"the picture reads back as {read!r}, which states no complete scene in the caption "
+                         f"grammar; pass text= (--prompt) with the caption it was made from")
+    target, index = apply_instruction(source, parsed)
+    boxes, located_by = picture_boxes(rgb, source, target, index)
+    regions = [image_region(pipe.layout, pipe.layout.image_box_to_positions(box).tolist()) for box in boxes]
+    return {"read_back": read, "read_by": read_by, "source": source, "target": scene_caption(target, 0),
+            "target_attributes": target, "object": index, "located_by": located_by, "regions": regions,
+            "forward_passes": passes}
+
+
+def plan_speech(pipe, result, parsed, text, seed, settings, _rgb=None) -> dict:
+    """Target transcript and the stretch of seconds where the old word is spoken (at an even rate)."""
+    read, read_by, passes = _what_it_says(pipe, result, "audio", text, seed, settings)
+    target, (start, end) = replace_word(read, parsed.old, parsed.new)
+    duration = len(result.token_ids["audio"]) / pipe.layout.audio_frame_rate
+    region = {"modality": "audio", "seconds": speech_span(duration, read, start, end - start)}
+    return {"read_back": read, "read_by": read_by, "target": target, "located_by": "the word's place in the "
+            "transcript at an even speaking rate", "regions": [region], "forward_passes": passes}
+
+
+def plan_caption(pipe, result, parsed, text, seed, settings, _rgb=None) -> dict:
+    """Target caption and the characters of the old word."""
+    if text is not None:
+        raise InputError("a caption says what it says: text= has no meaning for an instructed caption edit")
+    target, (start, end) = replace_word(result.text, parsed.old, parsed.new)
+    return {"read_back": result.text, "read_by": "the caption itself", "target": target,
+            "located_by": "the word's characters", "regions": [{"modality": "text", "chars": [start, end]}],
+            "forward_passes": 0}
+
+
+_PLANNERS = {"image": plan_picture, "audio": plan_speech, "text": plan_caption}
+
+
+# ---- where an object is -------------------------------------------------------------------------------------------
+
+
+def colour_mask(rgb: np.ndarray, colour: str) -> np.ndarray:
+    """(H, W) bool: saturated pixels whose nearest colour word is ``colour``."""
+    pixels = rgb.astype(np.float32)
+    saturated = pixels.max(-1) - pixels.min(-1) > SATURATION
+    canon = np.array(list(COLORS.values()), dtype=np.float32)  # (C, 3)
+    nearest = ((pixels[..., None, :] - canon) ** 2).sum(-1).argmin(-1)  # (H, W)
+    return saturated & (nearest == list(COLORS).index(colour))
+
+
+def _side(source: dict, index: int) -> str | None:
+    """The half of the canvas an object of a pair stands in (None for a single object)."""
+    if len(source["objects"]) == 1:
+        return None
+    return _PAIR_SIDES[source["relation"]][index]
+
+
+def _half(mask: np.ndarray, side: str | None) -> np.ndarray:
+    if side is None:
+        return mask
+    half, kept = mask.shape[0] // 2, np.zeros_like(mask)
+    cut = {"left": np.s_[:, :half], "right": np.s_[:, half:], "top": np.s_[:half, :], "bottom": np.s_[half:, :]}[side]
+    kept[cut] = mask[cut]
+    return kept
+
+
+def object_box(rgb: np.ndarray, source: dict, index: int) -> tuple[list[float] | None, str]:
+    """The pixel box of object ``index`` of the scene read back: its colour's pixels (in its half of the canvas,
+    for a pair), ignoring rows and columns with a single stray pixel. None when too few pixels are found."""
+    obj = source["objects"][index]
+    mask = _half(colour_mask(rgb, obj["color"]), _side(source, index))
+    if mask.sum() < MIN_PIXELS:
+        return None, "the grammar's anchor (no pixels of its colour found)"
+    rows, cols = np.flatnonzero(mask.sum(1) >= 2), np.flatnonzero(mask.sum(0) >= 2)
+    if not len(rows) or not len(cols):
+        return None, "the grammar's anchor (no pixels of its colour found)"
+    return [float(cols[0]), float(rows[0]), float(cols[-1] + 1), float(rows[-1] + 1)], "pixels of its colour"
+
+
+def anchor_box(source: dict, index: int) -> list[float]:
+    """Where the grammar draws the object: its position (one object) or its side of the pair, at its size."""
+    obj = source["objects"][index]
+    cx, cy = POSITIONS[obj.get("position") or _side(source, index)]
+    return _square(cx, cy, SIZES[obj["size"]])
+
+
+def _square(cx: float, cy: float, side: float) -> list[float]:
+    half = side / 2 + 1  # a pixel of margin: anti-aliased edges
+    return [max(0.0, cx - half), max(0.0, cy - half), min(IMAGE_SIZE, cx + half), min(IMAGE_SIZE, cy + half)]
+
+
+def picture_boxes(rgb: np.ndarray, source: dict, target: dict, index: int) -> tuple[list[list[float]], str]:
+    """The boxes to redo: the object where it is, grown to its target size around its centre; and for a move,
+    the place the grammar puts it."""
+    box, located_by = object_box(rgb, source, index)
+    box = box or anchor_box(source, index)
+    before, after = source["objects"][index], target["objects"][index]
+    side = max(box[2] - box[0], box[3] - box[1], SIZES[after["size"]])
+    boxes = [_square((box[0] + box[2]) / 2, (box[1] + box[3]) / 2, side)]
+    if after.get("position") != before.get("position"):
+        boxes.append(_square(*POSITIONS[after["position"]], SIZES[after["size"]]))
+    return boxes, located_by
+
+
+# ---- execute and check --------------------------------------------------------------------------------------------
+
+
+def _execute(pipe, result, plan: dict, kind: str, seed: int, settings):
+    """The edited result and its forward passes: the described edit, or a caption's exact splice."""
+    if kind == "text":
+        return splice_caption(pipe, result, plan), 0
+    edited = edit(pipe, result, plan["regions"], text=plan["target"], seed=seed, **settings)
+    return edited, edited.forward_passes
+
+
+def splice_caption(pipe, result, plan: dict):
+    """The caption with the tokens that cover the old word replaced by the tokens of its replacement; every
+    token before and after is kept as it was."""
+    ids, codec = list(result.token_ids["text"]), pipe.text_codec
+    offsets = text_offsets(codec, ids)
+    start, end = plan["regions"][0]["chars"]
+    covering = [k for k, (a, b) in enumerate(offsets) if b > start and a < end]
+    first, last = covering[0], covering[-1]
+    text, target = result.text, plan["target"]
+    word = target[start:len(target) - (len(text) - end)]  # the replacement, as it stands in the target
+    piece = text[offsets[first][0]:start] + word + text[end:offsets[last][1]]
+    spliced = ids[:first] + codec.encode_one(piece).tolist() + ids[last + 1:]
+    if len(spliced) > pipe.layout.max_text_len:
+        raise InputError(f"the edited caption {plan['target']!r} takes {len(spliced)} tokens; this model writes at "
+                         f"most {pipe.layout.max_text_len}")
+    plan["regions"][0]["indices"] = list(range(first, last + 1))
+    return _decoded(pipe, {"text": spliced}, {}, 0, {"edit": {"regions": plan["regions"], "tokens_remasked":
+                                                              {"text": last + 1 - first}}})
+
+
+def verdict(read: str, target: str) -> tuple[bool, list[str]]:
+    """Whether ``read`` says ``target``: the same scene by the caption grammar when the target states one,
+    else the same words; and the differences found."""
+    asked = parse_scene_caption(target)
+    if asked is not None:
+        heard = parse_scene_caption(read)
+        return scenes_equal(asked, heard), _differences(asked, heard)
+    words = lambda s: re.findall(r"\w+", s.lower())  # noqa: E731 - one-line normaliser
+    same = words(read) == words(target)
+    return same, [] if same else [f"read {read!r}, asked {target!r}"]
+
+
+def _check(pipe, edited, kind: str, target: str, seed: int, settings) -> dict:
+    """Read the edited content back (the model for a picture or speech; a caption reads as itself)."""
+    read, passes = (edited.text, 0) if kind == "text" else _read_back(pipe, edited, kind, seed, settings)
+    same, differences = verdict(read, target)
+    return {"read_back": read, "parses_to_target": same, "differences": differences, "forward_passes": passes}
+
+
+def _tokens_changed(pipe, before, after, kind: str, plan: dict) -> dict:
+    """Tokens changed inside the planned regions and outside them (outside should be 0: the edit's contract)."""
+    old, new = before.token_ids[kind], after.token_ids[kind]
+    if kind == "text":
+        return _caption_tokens_changed(old, new, plan["regions"][0]["indices"])
+    inside = set()
+    for region in plan["regions"]:
+        if kind == "image":
+            inside |= set(pipe.layout.image_box_to_positions(region["box"]).tolist())
+        else:
+            inside |= set(pipe.layout.audio_span_to_positions(*region["seconds"], n_codes=len(old)).tolist())
+    changed = [k for k in range(max(len(old), len(new))) if k >= min(len(old), len(new)) or old[k] != new[k]]
+    return {"inside": sum(k in inside for k in changed), "outside": sum(k not in inside for k in changed)}
+
+
+def _caption_tokens_changed(old: list, new: list, spliced: list[int]) -> dict:
+    """A splice may change the caption's length: the tokens before the splice are compared in place, the
+    tokens after it from the end."""
+    head, tail = old[:spliced[0]], old[spliced[-1] + 1:]
+    new_head, new_tail = new[:len(head)], new[len(new) - len(tail):] if tail else []
+    outside = sum(a != b for a, b in zip(head, new_head)) + sum(a != b for a, b in zip(tail, new_tail))
+    return {"inside": len(new) - len(head) - len(tail), "outside": outside}
+
+
+__all__ = ["anchor_box", "colour_mask", "instructed_edit", "object_box", "picture_boxes", "plan_caption",
+           "plan_picture", "plan_speech", "splice_caption", "verdict"]
