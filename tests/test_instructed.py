@@ -210,6 +210,15 @@ def test_bad_instructed_edits_are_refused_before_the_edit_runs(pipe, monkeypatch
         pipe.edit(picture, instruction="make it blue")
 
 
+def test_a_target_the_model_cannot_read_is_refused_before_the_edit(tiny_model_dir, monkeypatch):
+    from unimodal import UniModal, instructed
+
+    short = UniModal.from_pretrained(tiny_model_dir)  # reads at most 12 caption tokens
+    monkeypatch.setattr(instructed, "edit", lambda *a, **k: pytest.fail("the edit ran"))
+    with pytest.raises(InputError, match="target description 'a small blue circle on the left' is .* at most 12"):
+        short.edit(_scene(ONE)[0], instruction="make the circle blue", text=PROMPT)
+
+
 def test_a_speech_edit_redoes_the_seconds_of_the_word(pipe):
     clip = pipe.generate(text=PROMPT, to="audio", seed=0, max_audio_seconds=1.0, **FAST)
     edited, trace = pipe.edit(clip, instruction="say 'blue' instead of 'red'", text=PROMPT, **FAST)

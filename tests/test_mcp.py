@@ -82,6 +82,9 @@ async def self_critique(client, tmp_path):
         "edit": await client.call_tool("edit", {"input": red, "box": [0, 0, 16, 16], "prompt": "a blue square",
                                                 "out": str(tmp_path / "edited.png")}),
         "bad edit": await client.call_tool("edit", {"input": red, "seconds": [0, 1]}),
+        "instructed": await client.call_tool("edit", {"input": red, "instruction": "make the square blue",
+                                                      "prompt": "a large red square in the center"}),
+        "bad instruction": await client.call_tool("edit", {"input": red, "instruction": "paint it blue"}),
         "after": await client.call_tool("generate", {"text": "a red circle", "to": "image", "steps": 1}),
     }
 
@@ -146,7 +149,7 @@ def test_the_self_critique_tools_have_a_schema_for_every_argument(seen):
     expected = {"critique": {"input", "prompt", "critic", "fraction", "threshold", "check", "out", "seed"},
                 "refine": {"input", "prompt", "rounds", "budget", "critic", "fraction", "threshold", "check",
                            "regions", "out", "trace", "seed"},
-                "edit": {"input", "prompt", "box", "seconds", "chars", "out", "seed"}}
+                "edit": {"input", "prompt", "box", "seconds", "chars", "instruction", "out", "trace", "seed"}}
     for name, arguments in expected.items():
         properties = tools[name].input_schema["properties"]
         assert set(properties) == arguments, name
@@ -181,6 +184,16 @@ def test_edit_returns_the_edited_picture(seen):
     assert [block.type for block in edit.content] == ["image", "text"]
     assert summary(edit)["settings"]["edit"]["tokens_remasked"] == {"image": 4}
     assert os.path.isfile(summary(edit)["files"]["image"])
+
+
+def test_an_instructed_edit_returns_the_picture_then_its_plan_and_verdict(seen):
+    edit = seen["instructed"]
+    assert not edit.is_error, texts(edit)
+    assert [block.type for block in edit.content] == ["image", "text", "text"]
+    result, trace = (json.loads(text) for text in texts(edit))
+    assert os.path.isfile(result["files"]["image"]) and result["settings"]["verdict"] == trace["check"]["parses_to_target"]
+    assert trace["plan"]["target"] == "a large blue square in the center" and trace["tokens_changed"]["outside"] == 0
+    assert seen["bad instruction"].is_error and "not in the instruction language" in texts(seen["bad instruction"])[0]
 
 
 def test_bad_self_critique_calls_are_tool_errors_and_the_server_goes_on(seen):

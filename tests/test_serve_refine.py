@@ -30,7 +30,7 @@ def serve_stdio(model_dir, requests):
 
 
 @pytest.fixture(scope="module")
-def answers(tiny_model_dir, tmp_path_factory):
+def answers(tiny_caption_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve-refine")
     Image.new("RGB", (64, 64), (220, 40, 40)).save(tmp / "red.png")
     (tmp / "caption.txt").write_text(PROMPT + "\n")
@@ -48,12 +48,18 @@ def answers(tiny_model_dir, tmp_path_factory):
          "out": str(tmp / "edited.png")},
         {"id": "speech", "op": "critique", "input": str(tmp / "clip.wav"), "prompt": PROMPT,
          "out": str(tmp / "c.json")},
+        {"id": "instructed", "op": "edit", "input": red, "instruction": "make the square blue",
+         "prompt": "a large red square in the center", "out": str(tmp / "blue.png"), "trace": str(tmp / "edit.json")},
+        {"id": "instructed caption", "op": "edit", "input": str(tmp / "caption.txt"),
+         "instruction": "replace 'small' by 'large'"},
+        {"id": "bad instruction", "op": "edit", "input": red, "instruction": "make the triangle blue",
+         "prompt": "a large red square in the center", "out": str(tmp / "never.png")},
         {"id": "bad critique", "op": "critique", "input": str(tmp / "nope.png")},
         {"id": "bad refine", "op": "refine", "input": red, "critic": "psychic"},
         {"id": "bad edit", "op": "edit", "input": red, "seconds": [0, 1], "out": str(tmp / "e.png")},
         {"id": "bad out", "op": "edit", "input": red, "box": [0, 0, 8, 8], "out": str(tmp / "e.wav")},
         {"id": "after", "op": "ping"}]
-    return serve_stdio(tiny_model_dir, requests), tmp
+    return serve_stdio(tiny_caption_model_dir, requests), tmp
 
 
 def test_critique_answers_scores_regions_and_its_heat_map(answers):
@@ -89,6 +95,22 @@ def test_edit_changes_only_its_box(answers):
     edit = responses["edit"]["result"]
     assert edit["files"] == {"image": str((tmp / "edited.png").resolve())}
     assert edit["settings"]["edit"]["tokens_remasked"] == {"image": 4}  # 16x16 pixels: 2x2 codes of 8x8
+
+
+def test_an_instructed_edit_answers_its_result_plan_and_verdict(answers):
+    responses, tmp = answers
+    assert responses["instructed"]["ok"], responses["instructed"]
+    edit = responses["instructed"]["result"]
+    assert edit["files"] == {"image": str((tmp / "blue.png").resolve()), "trace": str((tmp / "edit.json").resolve())}
+    assert json.loads((tmp / "edit.json").read_text()) == edit["trace"]
+    plan = edit["trace"]["plan"]
+    assert plan["target"] == "a large blue square in the center" and plan["located_by"] == "pixels of its colour"
+    assert plan["regions"] == [{"modality": "image", "box": [0, 0, 64, 64]}]  # the picture is all red square
+    caption = responses["instructed caption"]["result"]
+    assert caption["text"] == "a large red circle on the left" and caption["trace"]["check"]["parses_to_target"]
+    error = responses["bad instruction"]["error"]
+    assert error["type"] == "InputError" and "names the triangle" in error["message"]
+    assert not (tmp / "never.png").exists()
 
 
 def test_bad_requests_are_refused_by_cause_and_the_server_goes_on(answers):
@@ -135,6 +157,11 @@ def test_the_critic_names_mirror_the_critics():
     ("edit", {"input": "PIC", "box": [0, 0, 8, 8], "chars": [0, 2]}, InputError, "exactly one region"),
     ("edit", {"input": "CAPTION", "chars": [0.5, 2]}, InputError, "whole numbers"),
     ("edit", {"input": "EMPTY", "chars": [0, 2]}, InputError, "empty caption"),
+    ("edit", {"input": "PIC", "instruction": "paint it blue"}, InputError, "not in the instruction language"),
+    ("edit", {"input": "PIC", "instruction": "make it blue", "box": [0, 0, 8, 8]}, InputError, "not both"),
+    ("edit", {"input": "CAPTION", "instruction": "make it blue"}, InputError, "edits a picture"),
+    ("edit", {"input": "PIC", "instruction": 3}, InputError, "non-empty string"),
+    ("edit", {"input": "PIC", "box": [0, 0, 8, 8], "trace": "t.json"}, InputError, "instructed edit"),
 ])
 def test_each_bad_request_names_its_cause(tmp_path, op, request_, error, match):
     Image.new("RGB", (8, 8)).save(tmp_path / "pic.png")
@@ -155,3 +182,6 @@ def test_a_good_request_becomes_the_keywords_of_the_op(tmp_path):
     assert checked.modality == "image" and checked.content == str(tmp_path / "pic.png")
     assert checked.options == {"text": "a", "region": {"modality": "image", "box": [0.0, 0.0, 8.0, 8.0]}}
     assert checked.out == Path(tmp_path / "calls" / "edit.png")
+    checked = check_refine_request("edit", {"in": str(tmp_path / "pic.png"), "instruction": "make it blue",
+                                            "trace": str(tmp_path / "t.json")})
+    assert checked.options == {"instruction": "make it blue"} and checked.trace == tmp_path / "t.json"

@@ -2,7 +2,8 @@
 touched, with the error types :mod:`unimodal.checks` uses for ``generate``.
 
 A request names the content to work on by file (``input``: a picture, a clip or a ``.txt`` caption), the text it
-was made from (``prompt``) and, per op, the plan settings, the region to edit and where to write. Like
+was made from (``prompt``) and, per op, the plan settings, the region to edit (or, for an instructed edit, the
+``instruction``, understood here by :mod:`unimodal.core.instructions`) and where to write. Like
 :mod:`unimodal.checks` this is a leaf: the critic names mirror :data:`unimodal.inference.critique.CRITICS` (a test keeps
 them in step) because importing that module means importing torch.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 from unimodal.checks import (_SETTING_CHECKS, _int_setting, _readable_file, _real_setting, check_audio_file,
                              check_image_file, check_text, check_writable)
 from unimodal.core.errors import EmptyInputError, InputError, InputFileError, OutputPathError, SettingError
+from unimodal.core.instructions import parse_instruction, require_fits
 from unimodal.core.paths import OUTPUT_SUFFIXES
 
 CRITICS = ("learned", "confidence", "random")
@@ -30,7 +32,7 @@ COMMON_KEYS = ("input", "prompt", "out", "seed")
 PLAN_KEYS = ("critic", "fraction", "threshold", "check")
 OP_KEYS = {"critique": COMMON_KEYS + PLAN_KEYS,
            "refine": COMMON_KEYS + PLAN_KEYS + ("rounds", "budget", "regions", "trace"),
-           "edit": COMMON_KEYS + tuple(REGION_KEYS)}
+           "edit": COMMON_KEYS + tuple(REGION_KEYS) + ("instruction", "trace")}
 
 
 @dataclass
@@ -100,9 +102,25 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
               "budget": lambda v: _int_setting("budget", v, 1),
               "regions": lambda v: check_regions(v, modality)}
     options.update({key: check(request[key]) for key, check in checks.items() if request.get(key) is not None})
-    if op == "edit":
+    if op == "edit" and request.get("instruction") is not None:
+        options["instruction"] = _instruction(request, modality)
+    elif op == "edit":
+        if request.get("trace") is not None:
+            raise InputError("trace is written by an instructed edit (instruction=...); a described edit (a region "
+                             "and prompt) has none")
         options["region"] = _edit_region(request, modality)
     return options
+
+
+def _instruction(request: Mapping, modality: str) -> str:
+    """An instructed edit's instruction, understood and fitting the input (the grammar alone, no model), with
+    no region beside it: the edit plans its own."""
+    given = [key for key in REGION_KEYS if request.get(key) is not None]
+    if given:
+        raise InputError(f"an edit takes instruction or a region ({', '.join(given)}), not both: an instructed "
+                         f"edit plans its own region")
+    require_fits(parse_instruction(request["instruction"]), modality)
+    return request["instruction"]
 
 
 def _critic(value) -> str:

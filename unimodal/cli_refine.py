@@ -3,6 +3,7 @@
     unimodal critique --in gen.png --prompt "a small red circle on the left" --out heat.png --json
     unimodal refine --in gen.png --prompt "a small red circle on the left" --rounds 3 --out fixed.png --trace trace.json
     unimodal edit --in gen.png --box 0,16,32,48 --prompt "a small blue circle on the left" --out edited.png
+    unimodal edit --in gen.png --instruction "make the circle blue" --out blue.png --trace edit.json
     unimodal bench refine --n 64 --out bench-refine/
     unimodal bench refine --n 64 --corrupt 0.25 --out bench-repair/
     unimodal bench refine --n 64 --mistakes 0.5 --critics confidence,learned,random --out bench-mistakes/
@@ -97,14 +98,48 @@ def _cmd_edit(args) -> int:
     regions = [{"modality": "image", "box": args.box}] if args.box else []
     regions += [{"modality": "audio", "seconds": args.seconds}] if args.seconds else []
     regions += [{"modality": "text", "chars": [int(v) for v in args.chars]}] if args.chars else []
+    if args.instruction is not None:
+        return _instructed_edit(args, regions)
     if len(regions) != 1:
         raise InputError("give exactly one region: --box X0,Y0,X1,Y1 (pixels), --seconds START,END or "
-                         "--chars START,END")
+                         "--chars START,END; or --instruction \"make the circle blue\"")
+    if args.trace:
+        raise InputError("--trace is written by an instructed edit (--instruction); a region edit has none")
     pipe = load_pipeline(args.model, args.device)
     edited = pipe.edit(_content(args.input), regions[0], text=args.prompt, seed=args.seed)
     edited.save(args.out)
     print(Path(args.out).resolve())
     return 0
+
+
+def _instructed_edit(args, regions) -> int:
+    """``--instruction``: understood before the model loads; the plan's verdict printed, the trace written."""
+    from unimodal.core.instructions import parse_instruction
+    from unimodal.serve import load_pipeline
+
+    if regions:
+        raise InputError("give --instruction or a region (--box, --seconds, --chars), not both: an instructed "
+                         "edit plans its own region")
+    parse_instruction(args.instruction)
+    content = _content(args.input)
+    pipe = load_pipeline(args.model, args.device)
+    edited, trace = pipe.edit(content, instruction=args.instruction, text=args.prompt, seed=args.seed)
+    edited.save(args.out)
+    if args.trace:
+        Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.trace).write_text(json.dumps(trace, indent=2) + "\n")
+    plan, check = trace["plan"], trace["check"]
+    print(f"target {plan['target']!r}; regions {[_where(r) for r in plan['regions']]}; read back "
+          f"{check['read_back']!r}: {'done' if check['parses_to_target'] else 'not done'}; "
+          f"{trace['forward_passes']} forward passes")
+    for path in (args.out, args.trace):
+        if path:
+            print(Path(path).resolve())
+    return 0
+
+
+def _where(region: dict):
+    return region.get("box") or region.get("seconds") or region.get("chars")
 
 
 def _cmd_bench_refine(args) -> int:
@@ -185,11 +220,16 @@ def add_refine_commands(sub) -> None:
     refine.add_argument("--budget", type=int, default=None, help="most forward passes in all")
     refine.add_argument("--trace", default=None, help="write the JSON trace of every round here")
     refine.set_defaults(func=_cmd_refine)
-    edit = sub.add_parser("edit", help="regenerate one region of an output from a new description")
+    edit = sub.add_parser("edit", help="regenerate one region of an output from a new description, or follow an "
+                                       "instruction (\"make the circle blue\")")
     _add_common(edit, "the edited output (.png, .wav or .txt)")
     edit.add_argument("--box", type=_numbers(4, "--box"), default=None, help="pixels X0,Y0,X1,Y1")
     edit.add_argument("--seconds", type=_numbers(2, "--seconds"), default=None, help="audio START,END")
     edit.add_argument("--chars", type=_numbers(2, "--chars"), default=None, help="text START,END")
+    edit.add_argument("--instruction", default=None, help="instead of a region: what to change, e.g. \"make the "
+                      "circle blue\", \"replace 'small' by 'large'\" (docs/critique.md); --prompt then says what "
+                      "--in shows (else the model reads it back)")
+    edit.add_argument("--trace", default=None, help="--instruction: write the plan and verdict here (.json)")
     edit.set_defaults(func=_cmd_edit)
 
 

@@ -112,6 +112,7 @@ def plan_picture(pipe, result, parsed, text, seed, settings, rgb) -> dict:
         raise InputError(f"the picture reads back as {read!r}, which states no complete scene in the caption "
                          f"grammar; pass text= (--prompt) with the caption it was made from")
     target, index = apply_instruction(source, parsed)
+    _require_readable(pipe, scene_caption(target, 0))
     boxes, located_by = picture_boxes(rgb, source, target, index)
     regions = [image_region(pipe.layout, pipe.layout.image_box_to_positions(box).tolist()) for box in boxes]
     return {"read_back": read, "read_by": read_by, "source": source, "target": scene_caption(target, 0),
@@ -123,6 +124,7 @@ def plan_speech(pipe, result, parsed, text, seed, settings, _rgb=None) -> dict:
     """Target transcript and the stretch of seconds where the old word is spoken (at an even rate)."""
     read, read_by, passes = _what_it_says(pipe, result, "audio", text, seed, settings)
     target, (start, end) = replace_word(read, parsed.old, parsed.new)
+    _require_readable(pipe, target)
     duration = len(result.token_ids["audio"]) / pipe.layout.audio_frame_rate
     region = {"modality": "audio", "seconds": speech_span(duration, read, start, end - start)}
     return {"read_back": read, "read_by": read_by, "target": target, "located_by": "the word's place in the "
@@ -137,6 +139,14 @@ def plan_caption(pipe, result, parsed, text, seed, settings, _rgb=None) -> dict:
     return {"read_back": result.text, "read_by": "the caption itself", "target": target,
             "located_by": "the word's characters", "regions": [{"modality": "text", "chars": [start, end]}],
             "forward_passes": 0}
+
+
+def _require_readable(pipe, target: str) -> None:
+    """Refuse a target the model cannot read as its condition before the edit runs."""
+    tokens = len(pipe.text_codec.encode_one(target))
+    if tokens > pipe.layout.max_text_len:
+        raise InputError(f"the target description {target!r} is {tokens} tokens; this model reads at most "
+                         f"{pipe.layout.max_text_len}, so it cannot regenerate from it")
 
 
 _PLANNERS = {"image": plan_picture, "audio": plan_speech, "text": plan_caption}

@@ -19,7 +19,8 @@ error (``isError``) whose text starts with the error type (``InputFileError: ...
   within ``budget`` forward passes; the result as ``generate`` returns it, then the trace of every round as a last
   JSON text block.
 - ``edit``: regenerate one region (``box`` pixels, ``seconds``, ``chars``) from ``prompt``; the result as
-  ``generate`` returns it.
+  ``generate`` returns it. With ``instruction`` ("make the circle blue") instead of a region: the instructed
+  edit (plan, execute, check), then its trace (plan and verdict) as a last JSON text block.
 
 Adding a tool: write ``name_tool(runner)`` returning a function whose annotated keyword arguments are the tool's
 schema, build its answer with :func:`result_content` / :func:`image_content`, and add one line to :data:`TOOLS`.
@@ -275,8 +276,16 @@ def edit_tool(runner: Runner):
         box: Annotated[Box | None, Field(description="a picture's region in pixels [x0, y0, x1, y1]")] = None,
         seconds: Annotated[Span | None, Field(description="a clip's region [start, end] in seconds")] = None,
         chars: Annotated[Span | None, Field(description="a caption's region [start, end] in characters")] = None,
+        instruction: Annotated[str | None, Field(description="instead of a region: what to change, e.g. 'make the "
+                                                             "circle blue', 'move the square to the top', 'turn the "
+                                                             "red cross into a circle' (a picture), \"replace 'small' "
+                                                             "by 'large'\", \"say 'green' instead of 'red'\" (a "
+                                                             "caption or speech); prompt then says what the input "
+                                                             "shows (else the model reads it back)")] = None,
         out: Annotated[str | None, Field(description="the edited file, of the input's kind (.png, .wav, .txt). "
                                                      "Default: under the server's output folder")] = None,
+        trace: Annotated[str | None, Field(description="an instructed edit: also write its plan and verdict "
+                                                       "here (.json)")] = None,
         seed: Seed = 0,
     ) -> list:
         with _answering():
@@ -316,13 +325,17 @@ def _refine(runner: Runner, request: dict) -> list:
 
 
 def _edit(runner: Runner, request: dict) -> list:
+    from mcp_types import TextContent
+
     from unimodal.serve_refine import run_edit
 
     checked = check_refine_request("edit", request, runner.fresh_out())
     pipe = runner.pipe()
     with collected_warnings() as warned:
-        edited, files = run_edit(pipe, checked)
-    return result_content(edited, files, warned)
+        edited, files, trace = run_edit(pipe, checked)
+    if trace is None:
+        return result_content(edited, files, warned)
+    return result_content(edited, files, warned) + [TextContent(type="text", text=json.dumps(trace, indent=1))]
 
 
 # ---- the server ------------------------------------------------------------------------------------------------
@@ -340,7 +353,9 @@ TOOLS = {
                             "regions) and regenerate them, round by round, keeping a round only if the score "
                             "improves. Returns the result as generate does, then the trace of every round (JSON)."),
     "edit": (edit_tool, "Regenerate one region of a picture (box, pixels), clip (seconds) or caption (chars) from "
-                        "a new description (prompt), the rest as context. Returns the result as generate does."),
+                        "a new description (prompt), the rest as context; or follow an instruction ('make the "
+                        "circle blue'): plan the region, regenerate it, read the result back. Returns the result "
+                        "as generate does, then (instructed) the plan and verdict (JSON)."),
 }
 
 

@@ -30,11 +30,13 @@ a ``.txt`` caption) and the text it was made from (``prompt``), as ``unimodal cr
      "critic": "confidence", "regions": [{"box": [0, 16, 32, 48]}], "out": "fixed.png", "trace": "trace.json"}
     {"id": 7, "op": "edit", "input": "red.png", "box": [0, 16, 32, 48], "prompt": "a small blue circle on the
      left", "out": "edited.png"}
+    {"id": 8, "op": "edit", "input": "red.png", "instruction": "make the circle blue", "prompt": "a small red
+     circle on the left", "out": "blue.png", "trace": "edit.json"}
 
 ``critique`` answers its ``scores`` (per token), ``regions`` (native units), ``score``, ``check`` and ``files``
 (``out``: the heat map / score curve ``.png`` or the report ``.json``); ``refine`` the refined result, its
 ``trace`` (every round) and ``files``; ``edit`` the edited result (one region: ``box`` in pixels, ``seconds``
-or ``chars``). They are checked (:func:`unimodal.checks_refine.check_refine_request`) before anything runs, with
+or ``chars``; or an ``instruction``, then also its ``trace``: plan, regions, verdict). They are checked (:func:`unimodal.checks_refine.check_refine_request`) before anything runs, with
 the same error types as generate; ``out`` of refine / edit is a file of the input's kind. Files are written
 whole or not at all (temporary file, then rename).
 

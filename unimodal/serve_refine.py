@@ -35,12 +35,19 @@ def run_refine(pipe, checked: CheckedRefine):
 
 
 def run_edit(pipe, checked: CheckedRefine):
-    """The edited result and ``files``: {modality: absolute path} when ``out`` is set."""
+    """The edited result, ``files`` ({modality: absolute path} when ``out`` is set, plus "trace") and the trace
+    of an instructed edit (None for a described one)."""
     from unimodal.results import save_outputs
 
-    options = dict(checked.options)
-    edited = pipe.edit(checked.content, options.pop("region"), **options)
-    return edited, save_outputs(edited, {checked.modality: checked.out}) if checked.out else {}
+    options, trace = dict(checked.options), None
+    if "instruction" in options:
+        edited, trace = pipe.edit(checked.content, **options)
+    else:
+        edited = pipe.edit(checked.content, options.pop("region"), **options)
+    files = save_outputs(edited, {checked.modality: checked.out}) if checked.out else {}
+    if checked.trace is not None:
+        files["trace"] = str(write_trace(trace, checked.trace).resolve())
+    return edited, files, trace
 
 
 def write_trace(trace: dict, path: Path) -> Path:
@@ -51,15 +58,15 @@ def write_trace(trace: dict, path: Path) -> Path:
 
 def answer(pipe, checked: CheckedRefine) -> dict:
     """The JSON-ready answer of ``serve --stdio``: the scores and regions (critique) or the result (refine,
-    edit; refine adds its trace), with ``files``."""
+    edit; refine and an instructed edit add their trace), with ``files``."""
     if checked.op == "critique":
         report, files = run_critique(pipe, checked)
         return {**report.to_dict(), "files": files}
     if checked.op == "refine":
         fixed, files, trace = run_refine(pipe, checked)
         return {**fixed.to_dict(), "files": files, "trace": trace}
-    edited, files = run_edit(pipe, checked)
-    return {**edited.to_dict(), "files": files}
+    edited, files, trace = run_edit(pipe, checked)
+    return {**edited.to_dict(), "files": files, **({"trace": trace} if trace is not None else {})}
 
 
 __all__ = ["answer", "run_critique", "run_edit", "run_refine", "write_trace"]
