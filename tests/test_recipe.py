@@ -196,3 +196,18 @@ def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):
     (tmp_path / "recipe.json").write_text(json.dumps({"budget": {"steps": 1}, "variants": {}}))
     with pytest.raises(InputError, match="another budget"):
         run_recipe(RecipeBudget(), [("first", {})], None, tmp_path)
+
+
+def test_a_checkpoint_older_than_a_setting_resumes_as_it_was_trained(tmp_path):
+    """Changing a default (complementary masking, per-real-token normalisation, the sparse head) must not change
+    a run that is resumed: keys its checkpoint predates take what it was trained with."""
+    from dataclasses import asdict
+
+    from unimodal.training.checkpoint import resumed_config, save_atomic
+
+    old = {k: v for k, v in asdict(TrainConfig(steps=7)).items() if k not in ("masking", "loss_norm", "sparse_head")}
+    save_atomic({"config": old}, tmp_path / "checkpoint.pt")
+    cfg, _ = resumed_config(TrainConfig, None, tmp_path / "checkpoint.pt", resume=True)
+    assert (cfg.masking, cfg.loss_norm, cfg.sparse_head, cfg.steps) == ("independent", "maskable", False, 7)
+    new = TrainConfig()
+    assert (new.masking, new.loss_norm, new.sparse_head) == ("complementary", "real", True)  # what new runs use

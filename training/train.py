@@ -58,7 +58,9 @@ class TrainConfig:
     bf16: bool | None = None  # None: bf16 autocast where the hardware multiplies bf16 natively (unimodal.training.hardware)
     loss_weighting: str = "elbo"  # unimodal.training.objective.WEIGHTINGS
     loss_norm: str = "real"  # unimodal.training.objective.NORMALISERS
-    masking: str = "independent"  # unimodal.training.objective.MASKINGS (complementary: each sample twice, 2x the rows)
+    # unimodal.training.objective.MASKINGS. complementary (each sample twice, with a mask and its complement:
+    # 2x the rows of batch_size) won at equal compute in `bench recipe` (docs/results.md, "Recipe variants")
+    masking: str = "complementary"
     sparse_head: bool = True  # logits only at masked slots, over their modality's ids (False: the first recipe)
     task_weights: dict = field(default_factory=lambda: dict(DEFAULT_TASK_WEIGHTS))
     cond_drop: float = 0.1
@@ -108,6 +110,9 @@ class TrainConfig:
     def trains_critic(self) -> bool:
         """Whether the step trains the critic head (else the head is frozen and out of the optimizer)."""
         return self.critic_weight > 0
+
+    # What a checkpoint written before a setting existed was trained with, so that it resumes as it ran.
+    LEGACY_DEFAULTS = {"masking": "independent", "loss_norm": "maskable", "sparse_head": False}
 
     def loss_spec(self, layout, attributes: AttributeSwaps | None = None) -> LossSpec:
         """The step's loss; ``attributes``: the caption swaps of the critic's negatives (None: code swaps only)."""
