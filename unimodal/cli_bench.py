@@ -1,5 +1,5 @@
 """``unimodal bench``: training throughput, sampler settings, start-up time, and the benchmarks of
-``cli_eval`` (versus-ar, data-efficiency), ``recipe`` and ``cli_refine`` (refine) gathered under one group.
+``cli_eval`` (versus-ar, data-efficiency), ``recipe`` and ``cli_refine`` (refine, edit) gathered under one group.
 """
 
 from __future__ import annotations
@@ -157,9 +157,10 @@ def add_bench_commands(sub) -> None:
     from unimodal.recipe import add_recipe_command
 
     add_recipe_command(bench)
-    from unimodal.cli_refine import add_bench_refine_command
+    from unimodal.cli_refine import add_bench_edit_command, add_bench_refine_command
 
     add_bench_refine_command(bench)
+    add_bench_edit_command(bench)
 
 
 __all__ = ["add_bench_commands"]

@@ -7,6 +7,7 @@
     unimodal bench refine --n 64 --out bench-refine/
     unimodal bench refine --n 64 --corrupt 0.25 --out bench-repair/
     unimodal bench refine --n 64 --mistakes 0.5 --critics confidence,learned,random --out bench-mistakes/
+    unimodal bench edit --n 64 --out bench-edit/
 """
 
 from __future__ import annotations
@@ -182,6 +183,33 @@ def _cmd_bench_refine(args) -> int:
     return 0
 
 
+def _cmd_bench_edit(args) -> int:
+    """Every refusal (n, split, seed, --out, a missing judge) before the model loads or a case is drawn."""
+    from unimodal.checks import check_writable
+    from unimodal.core.seeds import check_seed
+
+    if args.n < 1:
+        raise InputError(f"--n must be a positive number of cases, got {args.n}")
+    check_seed(args.seed, "--seed")
+    out = Path(args.out).expanduser()
+    check_writable(out, is_folder=True)  # a file, or a folder that takes no new file, is refused here
+    from unimodal.bench_edit import bench_edit, format_table, save_report
+    from unimodal.eval_cases import load_cases
+    from unimodal.inference.evaluate import model_hash
+    from unimodal.judges import SceneJudge
+    from unimodal.serve import check_model, load_pipeline
+
+    judge = SceneJudge()  # needs opencv (unimodal[eval]): said before the model loads
+    model_dir = check_model(args.model, args.device)
+    cases, _ = load_cases("scenes", args.split, args.n, speech=False)
+    pipe = load_pipeline(model_dir, args.device)
+    report = bench_edit(pipe, cases, args.seed, judge)
+    report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split)
+    print(format_table(report))
+    print(save_report(report, out))
+    return 0
+
+
 def _refine_options(args) -> dict:
     """Keywords of ``refine`` the bench passes on (only those given)."""
     options = {"temperature": args.temperature, "fraction": args.fraction, "threshold": args.threshold}
@@ -233,14 +261,20 @@ def add_refine_commands(sub) -> None:
     edit.set_defaults(func=_cmd_edit)
 
 
-def add_bench_refine_command(bench) -> None:
+def _scene_bench(bench, name: str, help: str):
+    """A ``bench`` subcommand over scene cases: the model arguments, ``--n`` and ``--split``."""
     from unimodal.cli_common import add_model_arguments
 
-    sub = bench.add_parser("refine", help="text->image judged accuracy: no refine vs refine (per critic, per "
-                                          "round) vs best-of-N, with forward passes (needs unimodal[eval])")
+    sub = bench.add_parser(name, help=help)
     add_model_arguments(sub)
     sub.add_argument("--n", type=int, default=64, help="scene cases of the split")
     sub.add_argument("--split", default="test")
+    return sub
+
+
+def add_bench_refine_command(bench) -> None:
+    sub = _scene_bench(bench, "refine", "text->image judged accuracy: no refine vs refine (per critic, per round) "
+                                        "vs best-of-N, with forward passes (needs unimodal[eval])")
     sub.add_argument("--rounds", type=int, default=3)
     sub.add_argument("--best-of", type=int, default=4)
     sub.add_argument("--critics", default="confidence,random")
@@ -261,4 +295,13 @@ def add_bench_refine_command(bench) -> None:
     sub.set_defaults(func=_cmd_bench_refine)
 
 
-__all__ = ["add_bench_refine_command", "add_refine_commands"]
+def add_bench_edit_command(bench) -> None:
+    sub = _scene_bench(bench, "edit", "instructed picture edits (\"make the circle blue\") on real test scenes, "
+                                      "judged by the scene judge, with forward passes (needs unimodal[eval])")
+    sub.add_argument("--seed", type=int, default=0, help="case k's edit uses seed + k")
+    sub.add_argument("--out", default="bench-edit", help="folder for bench_edit.json (every case's row and the "
+                                                         "summary)")
+    sub.set_defaults(func=_cmd_bench_edit)
+
+
+__all__ = ["add_bench_edit_command", "add_bench_refine_command", "add_refine_commands"]

@@ -1,0 +1,79 @@
+"""``unimodal bench edit`` at toy size: the instructions it gives, the summary it counts, the command on a tiny
+random model (the table printed with its settings, the JSON with every case's row and the summary), and the
+refusals that come before any model loads. (The random model will not make the edits right: only the
+plumbing is tested.)"""
+
+import json
+
+import pytest
+
+from unimodal.bench_edit import edit_instruction, summarise
+
+ONE = {"objects": [{"shape": "circle", "color": "red", "size": "small", "position": "left"}], "relation": None}
+PAIR = {"objects": [{"shape": "circle", "color": "red", "size": "small"},
+                    {"shape": "square", "color": "blue", "size": "large"}], "relation": "left of"}
+
+
+def test_the_instruction_names_the_first_object_and_a_colour_no_object_has():
+    from unimodal.core.grammar import COLORS
+
+    free = [c for c in COLORS if c != "red"]
+    assert [edit_instruction(ONE, k) for k in (0, 1)] == [f"make the circle {free[0]}", f"make the circle {free[1]}"]
+    assert edit_instruction(ONE, len(free)) == edit_instruction(ONE, 0)  # cyclic over the free colours
+    pair = [edit_instruction(PAIR, k) for k in range(len(COLORS))]
+    assert all(p.startswith("make the red circle ") and p.split()[-1] not in ("red", "blue") for p in pair)
+
+
+def test_the_summary_counts_each_group():
+    row = dict(judged_right=False, colour_right=True, verdict=False, source_judged_right=True, outside_changed=0,
+               passes=10)
+    rows = [{**row, "objects": 1, "judged_right": True}, {**row, "objects": 1}, {**row, "objects": 2, "passes": 20,
+                                                                                  "refused": "ambiguous"}]
+    summary = summarise(rows)
+    assert summary["all"]["n"] == 3 and summary["one object"]["judged_right"] == 1
+    assert summary["one object"]["judged_right_share"] == 0.5 and summary["pairs"]["colour_right"] == 1
+    assert summary["all"]["refused"] == 1 and summary["all"]["mean_forward_passes"] == pytest.approx(40 / 3)
+
+
+def run(capsys, *argv):
+    from unimodal.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_bench_edit_command_prints_the_table_and_writes_every_row(tiny_caption_model_dir, tmp_path, capsys):
+    pytest.importorskip("cv2")
+    code, out, err = run(capsys, "bench", "edit", "--model", tiny_caption_model_dir, "--n", "2", "--seed", "3",
+                         "--out", tmp_path / "bench")
+    assert code == 0, err
+    report = json.loads((tmp_path / "bench" / "bench_edit.json").read_text())
+    assert report["n"] == 2 and report["seed"] == 3 and report["split"] == "test" and len(report["model_hash"]) == 16
+    assert set(report["summary"]) == {"all", "one object", "pairs"}
+    assert {"judged_right", "colour_right", "verdict", "source_judged_right", "outside_changed",
+            "mean_forward_passes", "refused"} <= set(report["summary"]["all"])
+    assert [r["seed"] for r in report["rows"]] == [3, 4] and all(r["instruction"].startswith("make the ")
+                                                                 for r in report["rows"])
+    assert report["summary"]["all"]["outside_changed"] == 0  # the edit's contract, on any model
+    assert "judged right" in out and "all (2)" in out and "seed 3" in out and report["model_hash"] in out
+    assert str(tmp_path / "bench" / "bench_edit.json") in out
+    assert not [p for p in (tmp_path / "bench").iterdir() if p.name != "bench_edit.json"]  # no temporary left
+
+
+def test_bench_edit_refuses_bad_input_before_the_model_loads(tiny_caption_model_dir, tmp_path, capsys, monkeypatch):
+    import unimodal.serve
+
+    monkeypatch.setattr(unimodal.serve, "load_pipeline", lambda *a, **k: pytest.fail("the model was loaded"))
+    model = ["--model", tiny_caption_model_dir]
+    code, _, err = run(capsys, "bench", "edit", *model, "--n", "0", "--out", tmp_path / "a")
+    assert code == 2 and "--n must be a positive number" in err and not (tmp_path / "a").exists()
+    (tmp_path / "file").write_text("x")
+    code, _, err = run(capsys, "bench", "edit", *model, "--n", "2", "--out", tmp_path / "file")
+    assert code == 2 and "is a file" in err
+    code, _, err = run(capsys, "bench", "edit", *model, "--n", "2", "--out", tmp_path / "file" / "sub")
+    assert code == 2 and "is a file" in err
+    code, _, err = run(capsys, "bench", "edit", *model, "--n", "2", "--seed", "-1", "--out", tmp_path / "b")
+    assert code == 2 and "--seed" in err
+    code, _, err = run(capsys, "bench", "edit", "--model", tmp_path / "nothing", "--n", "2", "--out", tmp_path / "c")
+    assert code == 2 and "does not exist" in err and not (tmp_path / "c").exists()
