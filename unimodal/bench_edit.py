@@ -22,9 +22,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from unimodal.core.errors import InputError
+from unimodal.core.errors import InputError, OutputPathError
 from unimodal.core.grammar import COLORS
-from unimodal.core.paths import atomic_write
+from unimodal.core.paths import atomic_write, user_path
 
 REPORT_FILE = "bench_edit.json"
 GROUPS = {"all": lambda row: True, "one object": lambda row: row["objects"] == 1, "pairs": lambda row: row["objects"] == 2}
@@ -136,7 +136,7 @@ def format_table(report: dict) -> str:
 
 def save_report(report: dict, out: str | Path) -> Path:
     """``out/bench_edit.json``, written atomically (a reader never sees half a file)."""
-    folder = Path(out).expanduser()
+    folder = user_path(out, "--out", OutputPathError)
     folder.mkdir(parents=True, exist_ok=True)
     return atomic_write(folder / REPORT_FILE, lambda temporary: temporary.write_text(json.dumps(report, indent=2)
                                                                                       + "\n"))

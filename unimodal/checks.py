@@ -25,7 +25,7 @@ from pathlib import Path
 
 from unimodal.core.errors import (DeviceError, EmptyInputError, InputError, InputFileError, ModelFolderError,
                              OutputPathError, SettingError, TextEncodingError)
-from unimodal.core.paths import OUTPUT_SUFFIXES
+from unimodal.core.paths import OUTPUT_SUFFIXES, user_path
 from unimodal.core.seeds import check_seed
 
 MODALITIES = ("text", "image", "audio")
@@ -132,7 +132,7 @@ def check_text(value, name: str = "text") -> str:
 
 
 def _readable_file(value, name: str) -> Path:
-    path = Path(value).expanduser()
+    path = user_path(value, name, InputFileError)
     if path.is_dir():
         raise InputFileError(f"{name}: {str(path)!r} is a folder, not a file")
     if not path.is_file():
@@ -266,7 +266,7 @@ def plan_outputs(out, to: list[str], needs_out: bool = False) -> dict[str, Path]
     paths = [out] if isinstance(out, (str, os.PathLike)) else out
     if not isinstance(paths, (list, tuple)) or not paths or not all(isinstance(p, (str, os.PathLike)) for p in paths):
         raise OutputPathError(f"out must be a file path, a list of file paths or a folder, got {out!r}")
-    paths = [Path(check_text(os.fspath(p), "out")).expanduser() for p in paths]
+    paths = [user_path(check_text(os.fspath(p), "out"), "out", OutputPathError) for p in paths]
     if len(paths) == 1 and output_kind(paths[0]) is None:
         check_writable(paths[0], is_folder=True)
         return {"folder": paths[0]}
@@ -314,7 +314,7 @@ def check_writable(path: Path, is_folder: bool = False) -> None:
 def check_model_folder(folder) -> Path:
     """A model folder that looks loadable: the parts in place, every JSON parses and every safetensors file is
     as long as its header says (a truncated download or copy is named here instead of failing inside torch)."""
-    folder = Path(folder).expanduser()
+    folder = user_path(folder, "out", OutputPathError)
     if not folder.is_dir():
         raise InputError(f"model folder {str(folder)!r} does not exist; give a folder written by "
                          f"`unimodal train` (OUT/model) or by UniModal.save_pretrained")

@@ -20,7 +20,7 @@ from unimodal.checks import (_SETTING_CHECKS, _int_setting, _readable_file, _rea
                              check_image_file, check_text, check_writable)
 from unimodal.core.errors import EmptyInputError, InputError, InputFileError, OutputPathError, SettingError
 from unimodal.core.instructions import parse_instruction, require_fits
-from unimodal.core.paths import OUTPUT_SUFFIXES
+from unimodal.core.paths import OUTPUT_SUFFIXES, user_path
 
 CRITICS = ("learned", "confidence", "random")
 REFINE_OPS = ("critique", "refine", "edit")
@@ -197,7 +197,7 @@ def _check_out(op: str, out, modality: str, default_folder: Path | None) -> Path
         out = str(default_folder / f"{op}{_out_suffixes(op, modality)[0]}")
     if not isinstance(out, str):
         raise OutputPathError(f"out must be a file path, got {out!r}")
-    path = Path(check_text(out, "out")).expanduser()
+    path = user_path(check_text(out, "out"), "out", OutputPathError)
     allowed = _out_suffixes(op, modality)
     if path.suffix.lower() not in allowed:
         what = "its heat map / score curve or its report" if op == "critique" else f"{modality}"
@@ -216,7 +216,7 @@ def _out_suffixes(op: str, modality: str) -> tuple[str, ...]:
 def _check_json_path(value, name: str) -> Path:
     if not isinstance(value, str) or Path(value).suffix.lower() != ".json":
         raise OutputPathError(f"{name} must be a .json file path, got {value!r}")
-    path = Path(check_text(value, name)).expanduser()
+    path = user_path(check_text(value, name), name)
     check_writable(path)
     return path
 

@@ -17,14 +17,15 @@ import json
 import sys
 from pathlib import Path
 
-from unimodal.core.errors import InputError
+from unimodal.core.errors import InputError, InputFileError, OutputPathError
+from unimodal.core.paths import user_path
 
 OUT_SUFFIXES = {"image": ".png", "audio": ".wav", "text": ".txt"}
 
 
 def _content(path: str):
     """The file to critique: a picture or clip as its path, a caption (.txt) as its text."""
-    file = Path(path).expanduser()
+    file = user_path(path, "--in", InputFileError)
     if not file.is_file():
         raise InputError(f"--in: no such file {path!r}")
     return file.read_text(encoding="utf-8").strip() if file.suffix.lower() == ".txt" else str(file)
@@ -191,7 +192,7 @@ def _cmd_bench_edit(args) -> int:
     if args.n < 1:
         raise InputError(f"--n must be a positive number of cases, got {args.n}")
     check_seed(args.seed, "--seed")
-    out = Path(args.out).expanduser()
+    out = user_path(args.out, "--out", OutputPathError)
     check_writable(out, is_folder=True)  # a file, or a folder that takes no new file, is refused here
     from unimodal.bench_edit import bench_edit, format_table, save_report
     from unimodal.eval_cases import load_cases

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from unimodal.core.errors import OutputPathError
+from unimodal.core.paths import user_path
 
 DEFAULT_OUT = "unimodal-demo"
 CASE_INDEX = 1  # test scene 1: "in the center, a large blue square" (one object, so refine has one place to fix)
@@ -62,7 +63,7 @@ class Progress:
 
 def prepare_out(out: str | os.PathLike) -> Path:
     """The output folder, created and proven writable before any model loads; a clear error otherwise."""
-    folder = Path(out).expanduser()
+    folder = user_path(out, "--out", OutputPathError)
     if folder.exists() and not folder.is_dir():
         raise OutputPathError(f"--out {str(out)!r} is a file; give a folder for index.html and its pictures")
     try:

@@ -11,6 +11,7 @@ from PIL import Image
 
 from unimodal.checks import check_image_size, check_text
 from unimodal.core.errors import DataError, EmptyInputError, InputError, InputFileError, SampleRateError
+from unimodal.core.paths import user_path
 
 SAMPLE_RATE = 16_000
 
@@ -24,7 +25,7 @@ def as_text(value, name: str = "text") -> str:
 
 def _from_file(value, name: str, load):
     """``load(path)`` for an existing file, its failure re-raised as an InputError naming the argument."""
-    path = Path(value).expanduser()
+    path = user_path(value, name, InputFileError)
     if not path.is_file():
         raise InputFileError(f"{name}: no such file {str(path)!r}")
     try:

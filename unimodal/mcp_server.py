@@ -44,7 +44,8 @@ from pydantic import Field
 
 from unimodal.checks import check_request
 from unimodal.checks_refine import check_refine_request
-from unimodal.core.errors import MissingDependencyError, UnimodalError
+from unimodal.core.errors import MissingDependencyError, OutputPathError, UnimodalError
+from unimodal.core.paths import user_path
 from unimodal.core.seeds import SEED_LIMIT
 
 Modality = Literal["text", "image", "audio"]
@@ -61,7 +62,7 @@ class Runner:
     def __init__(self, model_dir: str | os.PathLike, device: str | None = None,
                  out_dir: str | os.PathLike | None = None):
         self.model_dir, self.device = Path(model_dir), device
-        self.out_dir = Path(out_dir).expanduser() if out_dir else _default_out_dir()
+        self.out_dir = user_path(out_dir, "out_dir", OutputPathError) if out_dir else _default_out_dir()
         self._pipe = None
         self._lock = threading.Lock()
         self._calls = itertools.count(1)

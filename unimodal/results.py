@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 
 from unimodal.core.errors import InputError, OutputPathError
-from unimodal.core.paths import OUTPUT_SUFFIXES, atomic_write
+from unimodal.core.paths import OUTPUT_SUFFIXES, atomic_write, user_path
 
 SAMPLE_RATE = 16_000
 
@@ -51,7 +51,7 @@ class GenerationResult:
         then a rename), so a reader never sees half a file. Returns the files."""
         from unimodal.checks import output_kind
 
-        path = Path(path).expanduser()
+        path = user_path(path, "path", OutputPathError)
         kind = output_kind(path)
         if kind is not None:
             self._write(path)

@@ -8,6 +8,16 @@ from pathlib import Path
 from unimodal.core.errors import InputError
 
 
+def user_path(value, name: str = "path", error: type[InputError] = InputError) -> Path:
+    """``value`` as a Path with ``~`` / ``~user`` expanded; a ``~user`` with no home directory (``~0``) is the
+    caller's input error, named, not a RuntimeError from pathlib."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:
+        raise error(f"{name}: cannot expand {os.fspath(value)!r}: no such user's home directory "
+                    f"(write the path without '~', or as ./{os.fspath(value)} for a file so named)") from None
+
+
 def cache_root() -> Path:
     """The cache root: ``$UNIMODAL_CACHE`` if set, else ``$XDG_CACHE_HOME/unimodal`` or ``~/.cache/unimodal``."""
     env = os.environ.get("UNIMODAL_CACHE")
@@ -73,9 +83,9 @@ def default_model_dir() -> Path:
 def resolve_model_dir(model: str | os.PathLike | None) -> Path:
     """``model``, else ``$UNIMODAL_MODEL``, else the packaged default model; a clear error when there is none."""
     if model:
-        return Path(model).expanduser()
+        return user_path(model, "model")
     if os.environ.get(MODEL_ENV):
-        return Path(os.environ[MODEL_ENV]).expanduser()
+        return user_path(os.environ[MODEL_ENV], MODEL_ENV)
     if default_model_dir().is_dir():
         return default_model_dir()
     raise InputError(f"no model given: pass --model DIR (a trained model folder such as OUT/model from "
