@@ -404,3 +404,13 @@ def test_data_pack_refuses_a_wrong_name_or_source_before_encoding(tiny_codec_dir
         err = capsys.readouterr().err
         assert code == 2 and err.startswith("error: ") and message in err and "Traceback" not in err, err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_home_directory_that_does_not_exist_is_an_input_error():
+    """`~0` (no user 0 with a home) made pathlib raise RuntimeError; it is the caller's input, named."""
+    from unimodal.core.errors import InputFileError, OutputPathError
+
+    with pytest.raises(InputFileError, match="image: cannot expand '~0'"):
+        checks.check_request({"image": "~0", "to": "text"})
+    with pytest.raises(OutputPathError, match="out: cannot expand"):
+        checks.check_request({"text": "a red circle", "to": "image", "out": "~0/red.png"})
