@@ -314,7 +314,7 @@ def check_writable(path: Path, is_folder: bool = False) -> None:
 def check_model_folder(folder) -> Path:
     """A model folder that looks loadable: the parts in place, every JSON parses and every safetensors file is
     as long as its header says (a truncated download or copy is named here instead of failing inside torch)."""
-    folder = user_path(folder, "out", OutputPathError)
+    folder = user_path(folder, "model folder")
     if not folder.is_dir():
         raise InputError(f"model folder {str(folder)!r} does not exist; give a folder written by "
                          f"`unimodal train` (OUT/model) or by UniModal.save_pretrained")
