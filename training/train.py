@@ -182,16 +182,17 @@ def step_loss(model, batch: ExampleBatch, schedule: MaskSchedule, generator: tor
     masked = spec.mask(b.ids, batch.maskable, t, generator)
     rows = masked.noisy_ids.shape[0] // b.ids.shape[0]  # 2 with complementary masks: every input twice
 
+    device = next(model.parameters()).device
+
     def on_device(x: torch.Tensor) -> torch.Tensor:
         return (x if rows == 1 else x.repeat(rows, *([1] * (x.dim() - 1)))).to(device, non_blocking=True)
 
-    device = next(model.parameters()).device
     inputs = (on_device(b.segment_ids), on_device(b.positions), on_device(batch.is_target),
               on_device(b.attention_mask))
     segment_ids = inputs[0]
-    out = model(masked.noisy_ids.to(device), masked.t.to(device), *inputs, logits=spec.vocab is None, critic=False)
     masked_on_device = type(masked)(*(x.to(device) for x in (masked.noisy_ids, masked.targets, masked.masked,
                                                                   masked.maskable, masked.t)))
+    out = model(masked_on_device.noisy_ids, masked_on_device.t, *inputs, logits=spec.vocab is None, critic=False)
     if spec.vocab is None:
         loss = masked_diffusion_loss(out.logits, masked_on_device, spec.weighting, spec.normalise)
         acc = masked_token_accuracy(out.logits, masked_on_device)
