@@ -11,14 +11,14 @@ word (colour, shape, size, position) the model's first choice?
   state: everything before the word visible).
 
 Both read the same image->text validation examples. A word counts when the text codec writes it as one token
-(every attribute word is one token in the shipped codec; a codec that splits a word leaves it out). The figure is a teacher-forced accuracy, not a judged
-one: it says where a recipe stands early and cheaply, ``unimodal eval`` still decides.
+(every attribute word is one token in the shipped codec; a codec that splits a word leaves it out). The figure
+is a teacher-forced accuracy, not a judged one: it says where a recipe stands early and cheaply, ``unimodal
+eval`` still decides.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,12 +31,6 @@ from unimodal.tokenizers_mm.layout import MASK, Layout
 from unimodal.training.tasks import Task, build_example, collate_examples
 
 WORD_CLASSES = {"colour": tuple(COLORS), "shape": SHAPES, "size": tuple(SIZES), "position": tuple(POSITIONS)}
-
-
-@dataclass
-class ProbeCase:
-    ids: torch.Tensor  # (L,) packed image->text example
-    classes: dict[int, str]  # caption position -> word class of the attribute word there
 
 
 def attribute_positions(text_codec, layout, caption_ids: torch.Tensor, offset: int) -> dict[int, str]:
@@ -55,7 +49,8 @@ def word_probe(model_dir: str | Path, tokens: list[dict], text_codec, batch_size
     """Per word class and overall: the share of attribute words that are the model's first choice, over the
     image->text examples in ``tokens`` (ids per modality, as training reads them)."""
     model_dir = Path(model_dir)
-    config = json.loads((model_dir / "training_config.json").read_text()) if (model_dir / "training_config.json").is_file() else {}
+    config_file = model_dir / "training_config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     autoregressive = config.get("objective") == "ar"
     model = load_pretrained(DiT, model_dir / "backbone").eval()
     layout = Layout.load(model_dir)
