@@ -92,3 +92,41 @@ def test_every_registered_modality_has_what_the_registry_cannot_give_it():
 def test_an_unregistered_modality_is_named_with_the_known_ones():
     with pytest.raises(InputError, match="unknown modality 'smell'.*audio, image, text"):
         get_codec_class("smell")
+
+
+def test_a_codec_set_can_share_a_modality_with_another_folder(tiny_codec_dir, tmp_path):
+    """A codec set stores only the codecs that differ; ``codecs.json`` names where the others are (the shipped
+    ``default_codecs`` shares the default model's image and text codecs, so they are stored once)."""
+    import json
+    import shutil
+
+    from unimodal.tokenizers_mm import codec_folder
+    from unimodal.training.tokens import CodecStack
+
+    new = tmp_path / "new"
+    shutil.copytree(tiny_codec_dir / "audio", new / "audio")
+    (new / "codecs.json").write_text(json.dumps({"shared": {"image": "../base", "text": "../base"}}))
+    shutil.copytree(tiny_codec_dir, tmp_path / "base")
+    assert codec_folder(new, "image").resolve() == (tmp_path / "base" / "image").resolve()
+    assert codec_folder(new, "audio") == new / "audio"  # its own copy wins
+    stack, reference = CodecStack.load(new), CodecStack.load(tiny_codec_dir)
+    assert stack.layout.to_dict() == reference.layout.to_dict()
+    assert stack.fingerprint(new) == reference.fingerprint(tiny_codec_dir)  # same codecs, same token caches
+
+
+def test_a_codec_set_without_a_modality_says_which_and_where_it_looked(tiny_codec_dir, tmp_path):
+    import json
+    import shutil
+
+    from unimodal.core.errors import DataError
+    from unimodal.tokenizers_mm import codec_folder
+
+    shutil.copytree(tiny_codec_dir / "audio", tmp_path / "audio")
+    with pytest.raises(DataError, match="has no image codec"):
+        codec_folder(tmp_path, "image")
+    (tmp_path / "codecs.json").write_text(json.dumps({"shared": {"image": "."}}))
+    with pytest.raises(DataError, match="its own folder"):
+        codec_folder(tmp_path, "image")
+    (tmp_path / "codecs.json").write_text("[1, 2]")
+    with pytest.raises(DataError, match="codecs.json"):
+        codec_folder(tmp_path, "image")

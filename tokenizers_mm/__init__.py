@@ -44,14 +44,39 @@ def get_codec_class(modality: str) -> type:
     return getattr(importlib.import_module(module_name), class_name)
 
 
+SHARED_CODECS_FILE = "codecs.json"  # {"shared": {"image": "../default_model"}}: a codec kept in another folder
+
+
 def codec_folder(directory: str | os.PathLike, modality: str) -> Path:
-    """``directory/modality/codec`` when it exists (a codec training run), else ``directory/modality``."""
+    """``directory/modality/codec`` when it exists (a codec training run), else ``directory/modality``; a codec set
+    that shares a modality's codec with another folder (so it is stored once) names that folder in
+    ``directory/codecs.json`` (``{"shared": {modality: folder relative to directory}}``)."""
     base = Path(directory) / modality
+    if not base.exists():
+        base = _shared_folder(Path(directory), modality) or base
     folder = base / "codec" if (base / "codec").is_dir() else base
     if not folder.is_dir():
         raise DataError(f"{directory} has no {modality} codec (looked for {base}/codec and {base}); train one "
                         f"with: unimodal codec train {modality}")
     return folder
+
+
+def _shared_folder(directory: Path, modality: str) -> Path | None:
+    import json
+
+    listing = directory / SHARED_CODECS_FILE
+    if not listing.is_file():
+        return None
+    try:
+        shared = json.loads(listing.read_text()).get("shared", {})
+    except (ValueError, AttributeError) as error:
+        raise DataError(f"{listing} is not a JSON object with a \"shared\" map of modality -> folder: {error}") from None
+    if modality not in shared:
+        return None
+    folder = (directory / str(shared[modality])).resolve()
+    if folder == directory.resolve():
+        raise DataError(f"{listing} shares the {modality} codec with its own folder")
+    return folder / modality
 
 
 def load_codecs(directory: str | os.PathLike) -> dict[str, Codec]:

@@ -37,12 +37,12 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the unimodal package folder
 
 
 def default_codecs_dir() -> Path:
-    """The codecs a new model trains with: the package's best set (``unimodal/default_codecs``: text/, image/,
-    audio/), else those of the default model (``unimodal/default_model``), else the ones trained into the cache.
-    The default model keeps the codecs it was trained with in its own folder, so a newer codec set here does
-    not change it."""
+    """The codecs a new model trains with: the package's best set (``unimodal/default_codecs``: the codecs that
+    differ from the default model's, the others named in its ``codecs.json``), else those of the default model
+    (``unimodal/default_model``), else the ones trained into the cache. The default model keeps the codecs it
+    was trained with in its own folder, so a newer codec set here does not change it."""
     for shipped in (PACKAGE_DIR / "default_codecs", PACKAGE_DIR / "default_model"):
-        if (shipped / "image").is_dir():
+        if any((shipped / modality).is_dir() for modality in ("text", "image", "audio")):
             return shipped
     return cache_root() / "codecs"
 
