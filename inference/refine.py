@@ -9,9 +9,14 @@ Each round:
 3. **evaluate**: score the candidate with the evaluator; keep it only if its sample score rose.
 
 The loop stops when a round does not improve, when the critic flags nothing, after ``rounds`` rounds, or
-before a round whose worst-case cost would pass the forward-pass ``budget``. The evaluator is the critic
-itself, except for ``random``, whose scores mean nothing: there the model's confidence judges, so the random
-baseline differs from the confidence critic only in *where* it re-masks.
+before a round whose worst-case cost would pass the forward-pass ``budget``. Two evaluators:
+
+- ``"critic"``: the critic itself (the mean log-score of the draft's tokens), except for ``random``, whose
+  scores mean nothing: there the model's confidence judges, so the random baseline differs from the
+  confidence critic only in *where* it re-masks;
+- ``"agreement"``: the request read back from the draft by the same model
+  (:func:`unimodal.inference.critique.agreement_score`, one model call): a round is kept when the picture (or
+  speech, or caption) makes the request more likely. The critic still plans where to re-mask.
 
 The trace (:func:`refine` returns it) is plain JSON: per round the regions, the sample score before and
 after, the tokens changed, the forward passes (critic, regeneration and evaluation model calls over the
@@ -26,11 +31,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from unimodal.inference.critique import (DEFAULT_FRACTION, DEFAULT_GROUPS, DEFAULT_THRESHOLD, Draft, flagged, make_critic,
-                                region_indices, regions_from_flags, remasked, sample_score, selection_of)
+from unimodal.inference.critique import (DEFAULT_FRACTION, DEFAULT_GROUPS, DEFAULT_THRESHOLD, Draft, agreement_score,
+                                         flagged, make_critic, region_indices, regions_from_flags, remasked,
+                                         sample_score, selection_of)
 from unimodal.inference.sampler import Request, SamplerConfig
 from unimodal.inference.sampler import generate as sample
 from unimodal.core.errors import InputError
+
+EVALUATORS = ("critic", "agreement")
 
 
 @dataclass(frozen=True)
@@ -39,7 +47,8 @@ class RefineConfig:
     ``threshold``: which tokens a round may flag (the lowest ``fraction``, scored below ``threshold``);
     ``groups``: re-masking groups of the confidence score; ``regen_steps``: sampler steps to regenerate a
     round's tokens (None: the sampler's steps scaled by the share of tokens re-masked, at least 2);
-    ``seed``: noise of the regenerations (round r uses ``seed + r``) and of the random critic."""
+    ``seed``: noise of the regenerations (round r uses ``seed + r``) and of the random critic; ``evaluator``:
+    what decides whether a round is kept (``EVALUATORS``, see the module's docstring)."""
 
     rounds: int = 3
     budget: int | None = None
@@ -48,8 +57,11 @@ class RefineConfig:
     groups: int = DEFAULT_GROUPS
     regen_steps: int | None = None
     seed: int = 0
+    evaluator: str = "critic"
 
     def __post_init__(self):
+        if self.evaluator not in EVALUATORS:
+            raise InputError(f"evaluator must be one of {EVALUATORS}, got {self.evaluator!r}")
         for name, low in (("rounds", 0), ("groups", 1), ("seed", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -141,19 +153,33 @@ def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confiden
     after each round r (1-based) that ran, with the draft as it stands then (a benchmark judges it).
     """
     config = config or RefineConfig()
-    evaluator = "confidence" if isinstance(critic, str) and critic == "random" else critic
-    judge = make_critic(evaluator, model, layout, cfg, config.groups)
-    plan = judge if evaluator is critic else make_critic(critic, model, layout, cfg, config.groups, config.seed)
-    scores, passes = judge(draft)
-    state = _Loop(draft, scores, sample_score(scores), passes, passes,
+    if config.evaluator == "agreement" and not draft.conditions:
+        raise InputError("evaluator='agreement' reads the request back from the draft, and this draft was "
+                         "generated from no input; use evaluator='critic'")
+    judged_by = "confidence" if isinstance(critic, str) and critic == "random" else critic
+    plan = make_critic(critic, model, layout, cfg, config.groups, config.seed)
+    if config.evaluator == "agreement":
+        evaluator = "agreement"
+
+        def judge(d: Draft):  # no per-token scores: the critic plans every round
+            return (None, *agreement_score(model, layout, d))
+    else:
+        evaluator, score_of = critic_name(judged_by), make_critic(judged_by, model, layout, cfg, config.groups)
+
+        def judge(d: Draft):
+            scores, passes = score_of(d)
+            return scores, sample_score(scores), passes
+    reuse = config.evaluator == "critic" and judged_by is critic  # the evaluation's scores plan the next round
+    scores, score, passes = judge(draft)
+    state = _Loop(draft, scores, score, passes, passes,
                   {m: torch.as_tensor(v, dtype=torch.float32) for m, v in (confidence or {}).items()})
-    trace = {"critic": critic_name(critic), "evaluator": critic_name(evaluator),
+    trace = {"critic": critic_name(critic), "evaluator": evaluator,
              "config": {k: getattr(config, k) for k in config.__dataclass_fields__},
              "score_initial": round(state.score, 6), "scoring_passes_initial": passes, "rounds": []}
     stopped = "rounds"
     for round_ in range(config.rounds):
-        stopped = _round(model, layout, state, plan, judge, sampler, config, round_, trace, text_codec,
-                         regions if round_ == 0 else None)
+        stopped = _round(model, layout, state, plan if not reuse else None, judge, sampler, config, round_, trace,
+                         text_codec, regions if round_ == 0 else None)
         if on_round is not None and len(trace["rounds"]) > round_:
             on_round(round_ + 1, state.draft)
         if stopped:
@@ -165,13 +191,14 @@ def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confiden
 
 def _round(model, layout, state: _Loop, plan, judge, sampler: SamplerConfig, config: RefineConfig, round_: int,
            trace: dict, text_codec, given_regions) -> str | None:
-    """One plan-execute-evaluate round; returns why the loop stops, or None to go on."""
+    """One plan-execute-evaluate round; returns why the loop stops, or None to go on. ``plan`` None: plan from
+    the scores the last evaluation left (the evaluator is the critic)."""
     plan_passes = 0
     if given_regions is not None:
         regions = [{**r, "indices": region_indices(layout, r, state.draft, text_codec).tolist()}
                    for r in given_regions]  # the trace says exactly what a caller's region covered
     else:
-        scores, plan_passes = (state.scores, 0) if plan is judge else plan(state.draft, round_)
+        scores, plan_passes = (state.scores, 0) if plan is None else plan(state.draft, round_)
         regions = plan_regions(layout, state.draft, scores, config, text_codec)
     if not regions:
         state.passes += plan_passes
@@ -184,11 +211,10 @@ def _round(model, layout, state: _Loop, plan, judge, sampler: SamplerConfig, con
         return "budget"
     candidate, result = regenerate(model, layout, state.draft, selection,
                                    replace(sampler, steps=steps, seed=config.seed + round_), config.seed + round_)
-    scores, passes = judge(candidate)
+    scores, after, passes = judge(candidate)
     spent = plan_passes + result.forward_passes + passes
     state.passes += spent
     intact = outside_unchanged(layout, state.draft, candidate, selection)
-    after = sample_score(scores)
     kept = intact and after > state.score
     trace["rounds"].append({
         "round": round_ + 1, "regions": [_public(r) for r in regions], "tokens_remasked": n_masked,
@@ -218,4 +244,4 @@ def _merged_confidence(layout, state: _Loop, candidate: Draft, result) -> dict:
     return merged
 
 
-__all__ = ["RefineConfig", "plan_regions", "refine", "regenerate"]
+__all__ = ["EVALUATORS", "RefineConfig", "plan_regions", "refine", "regenerate"]

@@ -59,6 +59,21 @@ def test_bench_edit_command_prints_the_table_and_writes_every_row(tiny_caption_m
     assert "judged right" in out and "all (2)" in out and "seed 3" in out and report["model_hash"] in out
     assert str(tmp_path / "bench" / "bench_edit.json") in out
     assert not [p for p in (tmp_path / "bench").iterdir() if p.name != "bench_edit.json"]  # no temporary left
+    assert report["candidates"] == 1 and "1 candidate(s) per edit" in out
+
+
+def test_bench_edit_with_candidates_records_each_cases_choice(tiny_caption_model_dir, tmp_path, capsys):
+    pytest.importorskip("cv2")
+    code, out, err = run(capsys, "bench", "edit", "--model", tiny_caption_model_dir, "--n", "1", "--candidates", "2",
+                         "--out", tmp_path / "bench")
+    assert code == 0, err
+    report = json.loads((tmp_path / "bench" / "bench_edit.json").read_text())
+    assert report["candidates"] == 2 and "2 candidate(s) per edit" in out
+    row = report["rows"][0]
+    assert row.get("refused") or (row["candidates"]["candidates"] == 2 and len(row["candidates"]["agreement"]) == 2)
+    code, _, err = run(capsys, "bench", "edit", "--model", tiny_caption_model_dir, "--candidates", "0",
+                       "--out", tmp_path / "b2")
+    assert code == 2 and "--candidates" in err
 
 
 def test_bench_edit_refuses_bad_input_before_the_model_loads(tiny_caption_model_dir, tmp_path, capsys, monkeypatch):

@@ -16,7 +16,7 @@ from unimodal.inference.critique import (Draft, TargetForward, audio_region, con
                                 remasked, sample_score, score_groups, text_offsets)
 from unimodal.inference.refine import RefineConfig
 from unimodal.tokenizers_mm.layout import MASK, Layout
-from unimodal.core.errors import InputError
+from unimodal.core.errors import InputError, SettingError
 
 from conftest import random_tiny_dit, write_tiny_model  # noqa: E402
 
@@ -267,6 +267,61 @@ def test_a_callers_plan_and_an_edit_touch_only_their_region(pipe, image_result):
     edited = pipe.edit(image_result, region, text="a blue square", **FAST)
     assert set(_changed(image_result.token_ids, edited.token_ids)["image"]) <= {0, 1, 8, 9}
     assert edited.settings["edit"]["tokens_remasked"] == {"image": 4}
+
+
+def test_agreement_reads_the_request_back_from_the_draft(pipe, image_result):
+    """The agreement score is the request's mean log-probability when the model reads it from the draft (one
+    call): the same as scoring the reversed draft (picture as condition, caption as target) directly."""
+    from unimodal.inference.critique import agreement_score, confidence_scores, make_draft
+    from unimodal.refine import draft_of
+
+    draft = draft_of(pipe, image_result, {"text": PROMPT})
+    score, calls = agreement_score(pipe.backbone, pipe.layout, draft)
+    reading = make_draft(pipe.layout, [("image", torch.tensor(image_result.token_ids["image"]))],
+                         {"text": pipe.text_codec.encode_one(PROMPT)})
+    probs, _ = confidence_scores(pipe.backbone, pipe.layout, reading, 1)
+    assert calls == 1 and score == pytest.approx(float(probs["text"].clamp_min(1e-6).log().mean()), abs=1e-5)
+    assert score < 0
+    unconditioned = make_draft(pipe.layout, [], {"image": torch.tensor(image_result.token_ids["image"])})
+    with pytest.raises(InputError, match="no input"):
+        agreement_score(pipe.backbone, pipe.layout, unconditioned)
+
+
+def test_refine_kept_by_agreement_plans_with_the_critic_and_counts_its_passes(pipe, image_result):
+    fixed, trace = pipe.refine(image_result, text=PROMPT, rounds=2, critic="confidence", groups=4, threshold=1.0,
+                               evaluator="agreement", **FAST)
+    assert trace["evaluator"] == "agreement" and trace["scoring_passes_initial"] == 1
+    for r in trace["rounds"]:
+        assert r["forward_passes"] == 4 + r["regen_steps"] + 1  # plan (4 groups), regenerate, read back (1)
+        assert r["kept"] == (r["score_after"] > r["score_before"])
+    chosen = {i for r in trace["rounds"] if r["kept"] for region in r["regions"] for i in region["indices"]}
+    assert set(_changed(image_result.token_ids, fixed.token_ids)["image"]) <= chosen
+    with pytest.raises(InputError, match="evaluator must be one of"):
+        pipe.refine(image_result, text=PROMPT, evaluator="vibes", **FAST)
+    with pytest.raises(InputError, match="no input"):
+        pipe.refine(pipe.generate(to="image", seed=0, **FAST), evaluator="agreement", **FAST)
+
+
+def test_an_edit_with_candidates_keeps_the_one_that_agrees_best(pipe, image_result):
+    from unimodal.inference.critique import agreement_score
+    from unimodal.refine import draft_of
+
+    region = {"modality": "image", "box": [16, 16, 48, 48]}
+    edited = pipe.edit(image_result, region, text="a large blue square", candidates=3, **FAST)
+    record = edited.settings["edit"]
+    assert record["candidates"] == 3 and len(record["agreement"]) == 3
+    assert record["agreement"][record["kept"]] == max(record["agreement"])
+    again = pipe.edit(image_result, region, text="a large blue square", seed=record["kept"], **FAST)
+    assert again.token_ids == edited.token_ids  # the kept candidate is the regeneration with that seed
+    score, _ = agreement_score(pipe.backbone, pipe.layout, draft_of(pipe, edited, {"text": "a large blue square"}))
+    assert score == pytest.approx(max(record["agreement"]), abs=1e-5)
+    assert edited.forward_passes == 3 * (again.forward_passes + 1)
+    inside = set(pipe.layout.image_box_to_positions(region["box"]).tolist())
+    assert set(_changed(image_result.token_ids, edited.token_ids)["image"]) <= inside
+    with pytest.raises(SettingError, match="candidates"):
+        pipe.edit(image_result, region, text="a blue square", candidates=0)
+    with pytest.raises(InputError, match="new description"):
+        pipe.edit(image_result, region, candidates=2)
 
 
 def test_critique_reports_scores_regions_and_pictures(pipe, image_result, tmp_path):

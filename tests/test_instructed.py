@@ -172,6 +172,15 @@ def test_a_picture_edit_changes_only_the_planned_region_and_reports_its_plan(pip
     assert isinstance(trace["check"]["parses_to_target"], bool) and "read_back" in trace["check"]
 
 
+def test_an_instructed_edit_with_candidates_keeps_the_one_the_target_agrees_with_best(pipe):
+    picture = _scene(ONE)[0]
+    edited, trace = pipe.edit(picture, instruction="make the circle blue", text=PROMPT, candidates=2, **FAST)
+    chosen = trace["plan"]["candidates"]
+    assert chosen["candidates"] == 2 and chosen["agreement"][chosen["kept"]] == max(chosen["agreement"])
+    assert trace["passes"]["execute"] == 2 * (4 + 1)  # two regenerations, each read back once
+    assert trace["tokens_changed"]["outside"] == 0 and json.loads(json.dumps(trace)) == trace
+
+
 def test_without_text_the_picture_is_read_back_by_the_model(pipe, monkeypatch):
     calls = []
     real = pipe.generate

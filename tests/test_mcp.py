@@ -148,14 +148,16 @@ def test_the_self_critique_tools_have_a_schema_for_every_argument(seen):
     tools = {t.name: t for t in seen["tools"]}
     expected = {"critique": {"input", "prompt", "critic", "fraction", "threshold", "check", "out", "seed"},
                 "refine": {"input", "prompt", "rounds", "budget", "critic", "fraction", "threshold", "check",
-                           "regions", "out", "trace", "seed"},
-                "edit": {"input", "prompt", "box", "seconds", "chars", "instruction", "out", "trace", "seed"}}
+                           "regions", "out", "trace", "seed", "evaluator"},
+                "edit": {"input", "prompt", "box", "seconds", "chars", "instruction", "out", "trace", "seed",
+                         "candidates"}}
     for name, arguments in expected.items():
         properties = tools[name].input_schema["properties"]
         assert set(properties) == arguments, name
         assert all(properties[a].get("description") for a in arguments), name
         assert tools[name].input_schema["required"] == ["input"]
     assert tools["critique"].input_schema["properties"]["critic"]["enum"] == ["confidence", "learned", "random"]
+    assert tools["refine"].input_schema["properties"]["evaluator"]["enum"] == ["critic", "agreement"]
 
 
 def test_critique_returns_its_heat_map_and_the_report(seen):

@@ -135,9 +135,11 @@ def test_checks_import_no_torch():
 
 def test_the_critic_names_mirror_the_critics():
     from unimodal.inference.critique import CRITICS
+    from unimodal.inference.refine import EVALUATORS
     from unimodal.checks_refine import CRITICS as CHECKED
+    from unimodal.checks_refine import EVALUATORS as CHECKED_EVALUATORS
 
-    assert set(CHECKED) == set(CRITICS)
+    assert set(CHECKED) == set(CRITICS) and set(CHECKED_EVALUATORS) == set(EVALUATORS)
 
 
 @pytest.mark.parametrize("op, request_, error, match", [
@@ -153,6 +155,9 @@ def test_the_critic_names_mirror_the_critics():
     ("refine", {"input": "PIC", "regions": []}, InputError, "non-empty list"),
     ("refine", {"input": "PIC", "regions": [{"box": [0, 0, 8]}]}, InputError, "4 numbers"),
     ("refine", {"input": "PIC", "trace": "trace.txt"}, OutputPathError, ".json"),
+    ("refine", {"input": "PIC", "evaluator": "vibes"}, SettingError, "evaluator must be one of"),
+    ("edit", {"input": "PIC", "box": [0, 0, 8, 8], "candidates": 0}, SettingError, "candidates"),
+    ("edit", {"input": "PIC", "box": [0, 0, 8, 8], "candidates": True}, SettingError, "candidates"),
     ("edit", {"input": "PIC", "box": [8, 0, 0, 8]}, InputError, "each end past its start"),
     ("edit", {"input": "PIC", "box": [0, 0, 8, 8], "chars": [0, 2]}, InputError, "exactly one region"),
     ("edit", {"input": "CAPTION", "chars": [0.5, 2]}, InputError, "whole numbers"),
@@ -185,3 +190,8 @@ def test_a_good_request_becomes_the_keywords_of_the_op(tmp_path):
     checked = check_refine_request("edit", {"in": str(tmp_path / "pic.png"), "instruction": "make it blue",
                                             "trace": str(tmp_path / "t.json")})
     assert checked.options == {"instruction": "make it blue"} and checked.trace == tmp_path / "t.json"
+    checked = check_refine_request("edit", {"in": str(tmp_path / "pic.png"), "instruction": "make it blue",
+                                            "candidates": 4})
+    assert checked.options == {"instruction": "make it blue", "candidates": 4}
+    checked = check_refine_request("refine", {"in": str(tmp_path / "pic.png"), "prompt": "a", "evaluator": "agreement"})
+    assert checked.options == {"text": "a", "evaluator": "agreement"}

@@ -45,14 +45,15 @@ def edit_instruction(truth: dict, k: int) -> str:
     return f"make the {ref} {colours[k % len(colours)]}"
 
 
-def edit_case(pipe, case, k: int, seed: int, judge) -> dict:
+def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1) -> dict:
     """One case's row: the instruction, the judge's and the self-check's verdicts, codes changed, passes."""
     instruction = edit_instruction(case.truth, k)
     row = {"case": k, "caption": case.text, "objects": len(case.truth["objects"]), "instruction": instruction,
            "seed": seed + k, "source_judged_right": bool(judge.score(case.image, case.truth)["correct"])}
     start = time.perf_counter()
     try:
-        edited, trace = pipe.edit(case.image, instruction=instruction, text=case.text, seed=seed + k)
+        edited, trace = pipe.edit(case.image, instruction=instruction, text=case.text, seed=seed + k,
+                                  candidates=candidates)
     except InputError as error:  # the plan refused it: counted as not right, said why
         return {**row, "refused": str(error), "judged_right": False, "colour_right": False, "verdict": False,
                 "outside_changed": 0, "inside": 0, "regions": [], "located_by": None, "passes": 0,
@@ -64,6 +65,7 @@ def edit_case(pipe, case, k: int, seed: int, judge) -> dict:
             "read_back": trace["check"]["read_back"], "outside_changed": trace["tokens_changed"]["outside"],
             "inside": trace["tokens_changed"]["inside"], "regions": [r["box"] for r in plan["regions"]],
             "located_by": plan["located_by"], "passes": trace["forward_passes"],
+            "candidates": plan.get("candidates"),
             "seconds": round(time.perf_counter() - start, 2)}
 
 
@@ -85,8 +87,9 @@ def summarise(rows: Sequence[dict]) -> dict:
     return summary
 
 
-def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool = True) -> dict:
-    """The report: settings, one row per case, and the summary (see :func:`summarise`)."""
+def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool = True, candidates: int = 1) -> dict:
+    """The report: settings, one row per case, and the summary (see :func:`summarise`); ``candidates``:
+    regenerations per edit, the one that agrees best with the target kept."""
     from tqdm.auto import tqdm
 
     if not cases:
@@ -97,12 +100,12 @@ def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool 
         judge = SceneJudge()
     start, rows = time.perf_counter(), []
     for k, case in enumerate(tqdm(cases, desc="edits", unit="case", disable=not progress, leave=False)):
-        rows.append(edit_case(pipe, case, k, seed, judge))
+        rows.append(edit_case(pipe, case, k, seed, judge, candidates))
     seconds = round(time.perf_counter() - start, 1)
     sampler = {kind: {k: v for k, v in pipe._sampler_config({}, kind).__dict__.items() if k in SAMPLER_KEYS}
                for kind in ("image", "text")}  # the regeneration's and the read-back's defaults
-    return {"n": len(rows), "seed": seed, "sampler": sampler, "seconds": seconds, "summary": summarise(rows),
-            "rows": rows}
+    return {"n": len(rows), "seed": seed, "candidates": candidates, "sampler": sampler, "seconds": seconds,
+            "summary": summarise(rows), "rows": rows}
 
 
 def format_table(report: dict) -> str:
@@ -126,7 +129,8 @@ def format_table(report: dict) -> str:
     refused = summary["all"]["refused"]
     lines.append(f"n={report['n']} scenes {report.get('split', 'test')} cases, seed {report['seed']} (case k: "
                  f"seed + k), instruction 'make the <shape> <new colour>' (pairs: the first object by colour and "
-                 f"shape), caption given as text=; {report['seconds']} s"
+                 f"shape), caption given as text=, {report.get('candidates', 1)} candidate(s) per edit; "
+                 f"{report['seconds']} s"
                  + (f"; {refused} refused by the plan (counted not right)" if refused else ""))
     lines.append(f"sampler defaults: regeneration {report['sampler']['image']}, read-back {report['sampler']['text']}")
     if report.get("model_hash"):

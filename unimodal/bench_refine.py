@@ -9,8 +9,9 @@ For each case (a scene caption of the test split) the model draws one picture (s
   right before it) of each round;
 - **own mistakes** (:func:`bench_mistakes`, ``--mistakes``): each critic's AUROC on the tokens the model
   regenerated wrong in real test data, the measure of the learned critic against the confidence score;
-- **best-of-N**: N pictures per case (seeds ``seed + i + k * 100003``), the one with the best confidence
-  score kept (each scored with the same ``groups`` calls the confidence critic spends), N = 1 .. ``best_of``.
+- **best-of-N**: N pictures per case (seeds ``seed + i + k * 100003``), the one with the best score kept,
+  N = 1 .. ``best_of``, chosen twice: by the confidence score (each scored with the same ``groups`` calls the
+  confidence critic spends) and by the agreement score (the caption read back from each picture, one call).
 
 Forward passes are model calls over the targets per case, as the sampler counts steps (the guidance rows of
 a call are not counted apart, the same for every method). The independent scene judge scores every
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from unimodal.inference.critique import confidence_scores, make_draft, sample_score
+from unimodal.inference.critique import agreement_score, confidence_scores, make_draft, sample_score
 from unimodal.inference.evaluate import EvalCase, Judges, judge_image, paired_difference, verdicts_of
 from unimodal.core.errors import InputError
 
@@ -73,19 +74,31 @@ def _rate(hits: np.ndarray, among: np.ndarray) -> float | None:
 
 
 def _best_of(pipe, cases, base, judges, best_of: int, seed: int, groups: int, batch_size: int) -> list[dict]:
-    """Accuracy of the best-scored of the first N pictures per case, N = 1 .. best_of."""
+    """Accuracy of the best-scored of the first N pictures per case, N = 1 .. best_of, per selector."""
     draws = [base] + [_base(pipe, cases, seed + k * BEST_OF_SEED_STRIDE, batch_size) for k in range(1, best_of)]
-    scores = np.array([[_confidence(pipe, case, r, groups) for case, r in zip(cases, results)] for results in draws])
     right = np.array([_verdicts(cases, [r.image for r in results], judges) for results in draws])  # (N, n)
     base_passes = np.mean([r.forward_passes for r in base])
+    selectors = {"confidence": (lambda case, r: _confidence(pipe, case, r, groups), groups),
+                 "agreement": (lambda case, r: _agreement(pipe, case, r), 1)}
     rows = []
-    for count in range(1, best_of + 1):
-        pick = scores[:count].argmax(0)  # (n,)
-        scoring = groups * count if count > 1 else 0  # one picture needs no choosing
-        rows.append({"n": count, "accuracy": float(right[pick, np.arange(len(cases))].mean()),
-                     "forward_passes": float(count * base_passes + scoring),
-                     "oracle_accuracy": float(right[:count].any(0).mean())})
+    for selector, (score, calls) in selectors.items():
+        scores = np.array([[score(case, r) for case, r in zip(cases, results)] for results in draws])
+        for count in range(1, best_of + 1):
+            pick = scores[:count].argmax(0)  # (n,)
+            scoring = calls * count if count > 1 else 0  # one picture needs no choosing
+            rows.append({"n": count, "selector": selector, "accuracy": float(right[pick, np.arange(len(cases))].mean()),
+                         "forward_passes": float(count * base_passes + scoring),
+                         "oracle_accuracy": float(right[:count].any(0).mean())})
     return rows
+
+
+def _agreement(pipe, case, result) -> float:
+    """How likely the model finds the case's caption when it reads the picture (one call, no guidance)."""
+    import torch
+
+    draft = make_draft(pipe.layout, [("text", pipe.text_codec.encode_one(case.text))],
+                       {"image": torch.tensor(result.token_ids["image"])})
+    return agreement_score(pipe.backbone, pipe.layout, draft)[0]
 
 
 def _confidence(pipe, case, result, groups: int) -> float:
@@ -343,7 +356,8 @@ def format_table(report: dict) -> str:
             lines.append(f"{name:<22} {row['forward_passes']:>7.1f} {row['accuracy']:>9.3f} "
                          f"{fmt(row['fix_rate']):>6} {fmt(row['break_rate']):>6}")
     for row in report["best_of"]:
-        lines.append(f"{'best-of-' + str(row['n']) + ' (confidence)':<22} {row['forward_passes']:>7.1f} "
+        lines.append(f"{'best-of-' + str(row['n']) + ' (' + row.get('selector', 'confidence') + ')':<22} "
+                     f"{row['forward_passes']:>7.1f} "
                      f"{row['accuracy']:>9.3f} {'-':>6} {'-':>6}   (any of {row['n']} right: {row['oracle_accuracy']:.3f})")
     for critic, part in report["refine"].items():
         diff = part.get("final_minus_base")

@@ -31,8 +31,9 @@ REGION_KEYS = {"box": "image", "seconds": "audio", "chars": "text"}
 COMMON_KEYS = ("input", "prompt", "out", "seed")
 PLAN_KEYS = ("critic", "fraction", "threshold", "check")
 OP_KEYS = {"critique": COMMON_KEYS + PLAN_KEYS,
-           "refine": COMMON_KEYS + PLAN_KEYS + ("rounds", "budget", "regions", "trace"),
-           "edit": COMMON_KEYS + tuple(REGION_KEYS) + ("instruction", "trace")}
+           "refine": COMMON_KEYS + PLAN_KEYS + ("rounds", "budget", "regions", "trace", "evaluator"),
+           "edit": COMMON_KEYS + tuple(REGION_KEYS) + ("instruction", "trace", "candidates")}
+EVALUATORS = ("critic", "agreement")  # mirrors unimodal.inference.refine.EVALUATORS
 
 
 @dataclass
@@ -100,6 +101,8 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
               "threshold": lambda v: _real_setting("threshold", v, "in [0, 1]", lambda x: 0 <= x <= 1),
               "rounds": lambda v: _int_setting("rounds", v, 1),
               "budget": lambda v: _int_setting("budget", v, 1),
+              "candidates": lambda v: _int_setting("candidates", v, 1),
+              "evaluator": _evaluator,
               "regions": lambda v: check_regions(v, modality)}
     options.update({key: check(request[key]) for key, check in checks.items() if request.get(key) is not None})
     if op == "edit" and request.get("instruction") is not None:
@@ -126,6 +129,12 @@ def _instruction(request: Mapping, modality: str) -> str:
 def _critic(value) -> str:
     if value not in CRITICS:
         raise SettingError(f"critic must be one of {', '.join(CRITICS)}, got {value!r}")
+    return value
+
+
+def _evaluator(value) -> str:
+    if value not in EVALUATORS:
+        raise SettingError(f"evaluator must be one of {', '.join(EVALUATORS)}, got {value!r}")
     return value
 
 

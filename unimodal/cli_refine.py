@@ -80,7 +80,7 @@ def _cmd_refine(args) -> int:
     content = _content(args.input)
     fixed, trace = pipe.refine(content, text=args.prompt, rounds=args.rounds, budget=args.budget,
                                critic=_critic(args.critic), fraction=args.fraction, threshold=args.threshold,
-                               check=args.check, seed=args.seed)
+                               check=args.check, seed=args.seed, evaluator=args.evaluator)
     if args.out:
         fixed.save(args.out)
     if args.trace:
@@ -108,7 +108,7 @@ def _cmd_edit(args) -> int:
     if args.trace:
         raise InputError("--trace is written by an instructed edit (--instruction); a region edit has none")
     pipe = load_pipeline(args.model, args.device)
-    edited = pipe.edit(_content(args.input), regions[0], text=args.prompt, seed=args.seed)
+    edited = pipe.edit(_content(args.input), regions[0], text=args.prompt, seed=args.seed, candidates=args.candidates)
     edited.save(args.out)
     print(Path(args.out).resolve())
     return 0
@@ -125,7 +125,8 @@ def _instructed_edit(args, regions) -> int:
     parse_instruction(args.instruction)
     content = _content(args.input)
     pipe = load_pipeline(args.model, args.device)
-    edited, trace = pipe.edit(content, instruction=args.instruction, text=args.prompt, seed=args.seed)
+    edited, trace = pipe.edit(content, instruction=args.instruction, text=args.prompt, seed=args.seed,
+                              candidates=args.candidates)
     edited.save(args.out)
     if args.trace:
         Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
@@ -191,6 +192,8 @@ def _cmd_bench_edit(args) -> int:
 
     if args.n < 1:
         raise InputError(f"--n must be a positive number of cases, got {args.n}")
+    if args.candidates < 1:
+        raise InputError(f"--candidates must be a positive number of regenerations, got {args.candidates}")
     check_seed(args.seed, "--seed")
     out = user_path(args.out, "--out", OutputPathError)
     check_writable(out, is_folder=True)  # a file, or a folder that takes no new file, is refused here
@@ -204,7 +207,7 @@ def _cmd_bench_edit(args) -> int:
     model_dir = check_model(args.model, args.device)
     cases, _ = load_cases("scenes", args.split, args.n, speech=False)
     pipe = load_pipeline(model_dir, args.device)
-    report = bench_edit(pipe, cases, args.seed, judge)
+    report = bench_edit(pipe, cases, args.seed, judge, candidates=args.candidates)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split)
     print(format_table(report))
     print(save_report(report, out))
@@ -213,8 +216,22 @@ def _cmd_bench_edit(args) -> int:
 
 def _refine_options(args) -> dict:
     """Keywords of ``refine`` the bench passes on (only those given)."""
-    options = {"temperature": args.temperature, "fraction": args.fraction, "threshold": args.threshold}
+    options = {"temperature": args.temperature, "fraction": args.fraction, "threshold": args.threshold,
+               "evaluator": args.evaluator}
     return {k: v for k, v in options.items() if v is not None}
+
+
+def _positive(flag: str):
+    """An argparse type: a positive int, refused with the flag's name."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be a positive whole number, got {value!r}")
+        return number
+    return parse
 
 
 def _add_common(parser, out_help: str) -> None:
@@ -248,6 +265,9 @@ def add_refine_commands(sub) -> None:
     refine.add_argument("--rounds", type=int, default=3)
     refine.add_argument("--budget", type=int, default=None, help="most forward passes in all")
     refine.add_argument("--trace", default=None, help="write the JSON trace of every round here")
+    refine.add_argument("--evaluator", default="critic", choices=["critic", "agreement"], help="what keeps a "
+                        "round: the critic's own score (default), or agreement: --prompt read back from the output "
+                        "by the model became likelier")
     refine.set_defaults(func=_cmd_refine)
     edit = sub.add_parser("edit", help="regenerate one region of an output from a new description, or follow an "
                                        "instruction (\"make the circle blue\")")
@@ -259,6 +279,8 @@ def add_refine_commands(sub) -> None:
                       "circle blue\", \"replace 'small' by 'large'\" (docs/critique.md); --prompt then says what "
                       "--in shows (else the model reads it back)")
     edit.add_argument("--trace", default=None, help="--instruction: write the plan and verdict here (.json)")
+    edit.add_argument("--candidates", type=_positive("--candidates"), default=1, help="regenerate the region this "
+                      "many times and keep the one that agrees best with the description, read back by the model")
     edit.set_defaults(func=_cmd_edit)
 
 
@@ -285,6 +307,8 @@ def add_bench_refine_command(bench) -> None:
                      "(default: the model's for images)")
     sub.add_argument("--fraction", type=float, default=None, help="most tokens a round flags, as a share (0.25)")
     sub.add_argument("--threshold", type=float, default=None, help="flag only tokens scored below this (0.5)")
+    sub.add_argument("--evaluator", default=None, choices=["critic", "agreement"], help="what keeps a refine round: "
+                     "the critic's own score (default) or the caption read back from the picture (agreement)")
     sub.add_argument("--corrupt", type=float, default=None, help="instead: corrupt this share of the codes of the "
                      "real test pictures and measure how much refine restores (and each critic's AUROC)")
     sub.add_argument("--mistakes", type=float, default=None, help="instead: re-mask this share of the real test "
@@ -300,6 +324,8 @@ def add_bench_edit_command(bench) -> None:
     sub = _scene_bench(bench, "edit", "instructed picture edits (\"make the circle blue\") on real test scenes, "
                                       "judged by the scene judge, with forward passes (needs unimodal[eval])")
     sub.add_argument("--seed", type=int, default=0, help="case k's edit uses seed + k")
+    sub.add_argument("--candidates", type=int, default=1, help="regenerations per edit, the one whose picture "
+                     "makes the target caption likeliest (read back by the model) kept (1)")
     sub.add_argument("--out", default="bench-edit", help="folder for bench_edit.json (every case's row and the "
                                                          "summary)")
     sub.set_defaults(func=_cmd_bench_edit)

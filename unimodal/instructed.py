@@ -42,11 +42,13 @@ _PAIR_SIDES = {"left of": ("left", "right"), "right of": ("right", "left"), "abo
 
 
 def instructed_edit(pipe, content, instruction: str, region=None, text: str | None = None, image=None, audio=None,
-                    modality: str | None = None, seed: int = 0, **settings):
+                    modality: str | None = None, seed: int = 0, candidates: int = 1, **settings):
     """Edit ``content`` as ``instruction`` asks; returns (the edited result, a JSON-ready trace).
 
     ``text``: what the content says (the caption a picture was made from, the words a clip speaks), used instead
-    of reading it back; ``settings``: sampler settings of the read-backs and the regeneration."""
+    of reading it back; ``candidates``: regenerations of a picture's or a clip's region, the one that agrees best
+    with the target description kept (see :func:`unimodal.refine.edit`); ``settings``: sampler settings of the
+    read-backs and the regeneration."""
     parsed = parse_instruction(instruction)
     if region is not None:
         raise InputError("edit takes region= (with text=, the new description) or instruction=, not both: an "
@@ -58,7 +60,7 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     kind = _content_modality(result)
     require_fits(parsed, kind)
     plan = _PLANNERS[kind](pipe, result, parsed, text, seed, settings, _pixels(pipe, content, result, kind))
-    edited, execute_passes = _execute(pipe, result, plan, kind, seed, settings)
+    edited, execute_passes = _execute(pipe, result, plan, kind, seed, settings, candidates)
     check = _check(pipe, edited, kind, plan["target"], seed, settings)
     passes = {"plan": plan.pop("forward_passes"), "execute": execute_passes, "check": check.pop("forward_passes")}
     trace = {"instruction": parsed.to_dict(), "modality": kind, "plan": plan,
@@ -221,11 +223,13 @@ def picture_boxes(rgb: np.ndarray, source: dict, target: dict, index: int) -> tu
 # ---- execute and check --------------------------------------------------------------------------------------------
 
 
-def _execute(pipe, result, plan: dict, kind: str, seed: int, settings):
+def _execute(pipe, result, plan: dict, kind: str, seed: int, settings, candidates: int = 1):
     """The edited result and its forward passes: the described edit, or a caption's exact splice."""
     if kind == "text":
         return splice_caption(pipe, result, plan), 0
-    edited = edit(pipe, result, plan["regions"], text=plan["target"], seed=seed, **settings)
+    edited = edit(pipe, result, plan["regions"], text=plan["target"], seed=seed, candidates=candidates, **settings)
+    if "candidates" in edited.settings["edit"]:
+        plan["candidates"] = {k: edited.settings["edit"][k] for k in ("candidates", "kept", "agreement")}
     return edited, edited.forward_passes
 
 

@@ -254,6 +254,9 @@ def refine_tool(runner: Runner):
         fraction: Fraction = None,
         threshold: Threshold = None,
         check: Check = False,
+        evaluator: Annotated[Literal["critic", "agreement"], Field(
+            description="what keeps a round: the critic's own score, or agreement (the prompt read back from the "
+                        "output by the model became likelier; needs prompt)")] = "critic",
         regions: Annotated[list[dict[Literal["box", "seconds", "chars"], list[float]]] | None, Field(
             description="your plan for the first round instead of the critic's, e.g. [{'box': [0, 16, 32, 48]}] "
                         "(pixels x0, y0, x1, y1), [{'seconds': [0.5, 1.0]}] or [{'chars': [2, 7]}]")] = None,
@@ -287,6 +290,9 @@ def edit_tool(runner: Runner):
                                                      "Default: under the server's output folder")] = None,
         trace: Annotated[str | None, Field(description="an instructed edit: also write its plan and verdict "
                                                        "here (.json)")] = None,
+        candidates: Annotated[int, Field(ge=1, le=16, description="regenerate the region this many times and keep "
+                                                                  "the one that agrees best with the description, "
+                                                                  "read back by the model")] = 1,
         seed: Seed = 0,
     ) -> list:
         with _answering():

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from unimodal.inference.critique import Draft, flagged, make_critic, make_draft, regions_from_flags, sample_score
+from unimodal.inference.critique import (Draft, agreement_score, flagged, make_critic, make_draft, regions_from_flags,
+                                         sample_score, selection_of)
 from unimodal.inference.refine import RefineConfig, regenerate
 from unimodal.inference.refine import refine as refine_draft
 from unimodal.tokenizers_mm.layout import MODALITIES
@@ -248,18 +249,21 @@ def speech_span(duration: float, text: str, start: int, length: int, half: float
 def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, budget: int | None = None,
            critic="confidence", fraction: float = 0.25, threshold: float = 0.5, groups: int = 4,
            regen_steps: int | None = None, regions: Sequence[Mapping] | None = None, check: bool = False,
-           cfg=None, seed: int = 0, on_round=None, **settings) -> tuple[GenerationResult, dict]:
+           cfg=None, seed: int = 0, evaluator: str = "critic", on_round=None,
+           **settings) -> tuple[GenerationResult, dict]:
     """Re-mask flagged regions and regenerate them, round by round; the refined result and the trace.
 
     ``regions``: the caller's plan for the first round (native units); ``check``: plan the first round from
-    the cross-modal check when it disagrees; ``settings``: sampler settings of the regenerations (as
+    the cross-modal check when it disagrees; ``evaluator``: what keeps a round, ``"critic"`` (its mean
+    log-score rose) or ``"agreement"`` (the request read back from the result by the same model became more
+    likely; needs ``text=`` / the input the result was made from); ``settings``: sampler settings of the regenerations (as
     :meth:`UniModal.generate` takes them; their steps are set per round unless ``regen_steps``);
     ``on_round(r, result)``: called after each round that ran with the result as it stands (for benchmarks).
     """
     require_trained_critic(pipe, critic)
     result = as_result(pipe, result)
     config = RefineConfig(rounds=rounds, budget=budget, fraction=fraction, threshold=threshold, groups=groups,
-                          regen_steps=regen_steps, seed=seed)
+                          regen_steps=regen_steps, seed=seed, evaluator=evaluator)
     report = cross_modal_check(pipe, result, text, seed) if check else None
     if report is not None and report.get("regions") and regions is None:
         regions = report["regions"]
@@ -287,23 +291,40 @@ def _round_hook(pipe, on_round):
 
 
 def edit(pipe, content, region: Mapping | Sequence[Mapping], text=None, image=None, audio=None,
-         modality: str | None = None, seed: int = 0, **settings) -> GenerationResult:
+         modality: str | None = None, seed: int = 0, candidates: int = 1, **settings) -> GenerationResult:
     """Described edit: re-mask ``region`` (or a list of regions) of ``content`` and regenerate it from the
-    new description (``text``, or another input) with the rest of the content as context."""
+    new description (``text``, or another input) with the rest of the content as context.
+
+    ``candidates`` > 1: regenerate that many times (seeds ``seed``, ``seed + 1``, ...) and keep the one that
+    agrees best with the description, read back by the same model
+    (:func:`unimodal.inference.critique.agreement_score`, one model call each); the result's settings say
+    which was kept and every candidate's score."""
+    if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1:
+        raise SettingError(f"candidates must be a positive int, got {candidates!r}")
     result = as_result(pipe, content, modality)
     regions = [region] if isinstance(region, Mapping) else list(region)
     with pipe._lock:
         draft = draft_of(pipe, replace(result, settings={}), {"text": text, "image": image, "audio": audio})
-        from unimodal.inference.critique import selection_of
-
+        if candidates > 1 and not draft.conditions:
+            raise InputError("candidates > 1 chooses the regeneration that agrees best with the new description; "
+                             "give one (text=...)")
         selection = selection_of(pipe.layout, regions, draft, pipe.text_codec)
         kind = pipe.scheduler.target_kind([s.modality for s in draft.target.spans])
-        sampler = pipe._sampler_config({**settings, "seed": seed}, kind)
-        edited, sampled = regenerate(pipe.backbone, pipe.layout, draft, selection, sampler, seed)
+        tried, passes = [], 0
+        for k in range(candidates):
+            sampler = pipe._sampler_config({**settings, "seed": seed + k}, kind)
+            edited, sampled = regenerate(pipe.backbone, pipe.layout, draft, selection, sampler, seed + k)
+            score, calls = agreement_score(pipe.backbone, pipe.layout, edited) if candidates > 1 else (None, 0)
+            passes += sampled.forward_passes + calls
+            tried.append((score, edited, sampled))
+        kept = max(range(candidates), key=lambda k: tried[k][0]) if candidates > 1 else 0
+        _, edited, sampled = tried[kept]
     tokens = {m: ids.tolist() for m, ids in edited.tokens(pipe.layout).items()}
     changed = {m: int(s.sum()) for m, s in selection.items()}
-    return _decoded(pipe, tokens, sampled.confidence, sampled.forward_passes,
-                    {"edit": {"regions": regions, "tokens_remasked": changed}, "seed": seed})
+    record = {"regions": regions, "tokens_remasked": changed}
+    if candidates > 1:
+        record.update(candidates=candidates, kept=kept, agreement=[round(t[0], 6) for t in tried])
+    return _decoded(pipe, tokens, sampled.confidence, passes, {"edit": record, "seed": seed + kept})
 
 
 # ---- pictures for a person ----------------------------------------------------------------------------------
