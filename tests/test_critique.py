@@ -302,6 +302,25 @@ def test_refine_kept_by_agreement_plans_with_the_critic_and_counts_its_passes(pi
         pipe.refine(pipe.generate(to="image", seed=0, **FAST), evaluator="agreement", **FAST)
 
 
+def test_patience_retries_rounds_that_were_not_kept(pipe, image_result):
+    """patience=1 stops at the first round not kept; patience=k retries (re-planning, sampling with the round's
+    own seed) until k rounds in a row were not kept or the rounds run out."""
+    def stubborn(tokens):  # flags the same four codes and never sees an improvement: no round is kept
+        scores = torch.ones(len(tokens["image"]))
+        scores[:4] = 0.1
+        return {"image": scores}
+
+    _, once = pipe.refine(image_result, text=PROMPT, critic=stubborn, rounds=5, **FAST)
+    assert len(once["rounds"]) == 1 and once["stopped"] == "no improvement"
+    _, thrice = pipe.refine(image_result, text=PROMPT, critic=stubborn, rounds=5, patience=3, **FAST)
+    assert len(thrice["rounds"]) == 3 and thrice["stopped"] == "no improvement"
+    assert not any(r["kept"] for r in thrice["rounds"]) and thrice["config"]["patience"] == 3
+    _, all_rounds = pipe.refine(image_result, text=PROMPT, critic=stubborn, rounds=2, patience=3, **FAST)
+    assert len(all_rounds["rounds"]) == 2 and all_rounds["stopped"] == "rounds"
+    with pytest.raises(InputError, match="patience"):
+        RefineConfig(patience=0)
+
+
 def test_an_edit_with_candidates_keeps_the_one_that_agrees_best(pipe, image_result):
     from unimodal.inference.critique import agreement_score
     from unimodal.refine import draft_of

@@ -148,7 +148,7 @@ def test_the_self_critique_tools_have_a_schema_for_every_argument(seen):
     tools = {t.name: t for t in seen["tools"]}
     expected = {"critique": {"input", "prompt", "critic", "fraction", "threshold", "check", "out", "seed"},
                 "refine": {"input", "prompt", "rounds", "budget", "critic", "fraction", "threshold", "check",
-                           "regions", "out", "trace", "seed", "evaluator"},
+                           "regions", "out", "trace", "seed", "evaluator", "patience"},
                 "edit": {"input", "prompt", "box", "seconds", "chars", "instruction", "out", "trace", "seed",
                          "candidates"}}
     for name, arguments in expected.items():

@@ -156,6 +156,7 @@ def test_the_critic_names_mirror_the_critics():
     ("refine", {"input": "PIC", "regions": [{"box": [0, 0, 8]}]}, InputError, "4 numbers"),
     ("refine", {"input": "PIC", "trace": "trace.txt"}, OutputPathError, ".json"),
     ("refine", {"input": "PIC", "evaluator": "vibes"}, SettingError, "evaluator must be one of"),
+    ("refine", {"input": "PIC", "patience": 0}, SettingError, "patience"),
     ("edit", {"input": "PIC", "box": [0, 0, 8, 8], "candidates": 0}, SettingError, "candidates"),
     ("edit", {"input": "PIC", "box": [0, 0, 8, 8], "candidates": True}, SettingError, "candidates"),
     ("edit", {"input": "PIC", "box": [8, 0, 0, 8]}, InputError, "each end past its start"),

@@ -45,3 +45,23 @@ def test_packaged_default_model_loads_offline_and_generates(monkeypatch):
     assert caption.settings["temperature"] == 0.0  # captions decode greedily by default
     picture = pipe.generate(text=sample.text, to="image", steps=4, seed=0)
     assert picture.image.size == (64, 64) and picture.settings["cfg"] == 3.0
+
+
+def test_each_shipped_codec_is_stored_once():
+    """default_codecs holds only the codec that differs from the default model's (the 31.25 codes/s audio
+    codec) and names the shared ones in codecs.json; no two shipped weight files are the same bytes."""
+    import hashlib
+    import json
+
+    from unimodal.tokenizers_mm import codec_folder
+
+    shipped = PACKAGE_DIR / "default_codecs"
+    assert sorted(p.name for p in shipped.iterdir() if p.is_dir()) == ["audio"]
+    assert json.loads((shipped / "codecs.json").read_text())["shared"] == {"image": "../default_model",
+                                                                            "text": "../default_model"}
+    for modality in ("image", "text"):
+        assert codec_folder(shipped, modality).resolve() == (PACKAGE_DIR / "default_model" / modality).resolve()
+    weights = sorted(PACKAGE_DIR.glob("default_*/**/*.safetensors"))
+    digests = [hashlib.sha256(path.read_bytes()).hexdigest() for path in weights]
+    assert len(set(digests)) == len(digests), [str(p) for p in weights]
+    assert all(path.name == "int8.safetensors" for path in weights)  # every shipped weight file is int8-stored
