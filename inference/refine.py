@@ -8,8 +8,10 @@ Each round:
    token of the draft (and the original conditions) held fixed as context (``Request.start_ids``);
 3. **evaluate**: score the candidate with the evaluator; keep it only if its sample score rose.
 
-The loop stops when a round does not improve, when the critic flags nothing, after ``rounds`` rounds, or
-before a round whose worst-case cost would pass the forward-pass ``budget``. Two evaluators:
+The loop stops when ``patience`` rounds in a row were not kept (1: the first round that does not improve), when
+the critic flags nothing, after ``rounds`` rounds, or before a round whose worst-case cost would pass the
+forward-pass ``budget``. A round after one that was not kept plans again and regenerates with its own seed, so
+it tries something new (fresh positions for the random critic, fresh samples for every critic). Two evaluators:
 
 - ``"critic"``: the critic itself (the mean log-score of the draft's tokens), except for ``random``, whose
   scores mean nothing: there the model's confidence judges, so the random baseline differs from the
@@ -39,6 +41,7 @@ from unimodal.inference.sampler import generate as sample
 from unimodal.core.errors import InputError
 
 EVALUATORS = ("critic", "agreement")
+NOT_KEPT = ("no improvement", "region cut the content after it")  # a round ran and its candidate was dropped
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,8 @@ class RefineConfig:
     ``groups``: re-masking groups of the confidence score; ``regen_steps``: sampler steps to regenerate a
     round's tokens (None: the sampler's steps scaled by the share of tokens re-masked, at least 2);
     ``seed``: noise of the regenerations (round r uses ``seed + r``) and of the random critic; ``evaluator``:
-    what decides whether a round is kept (``EVALUATORS``, see the module's docstring)."""
+    what decides whether a round is kept (``EVALUATORS``, see the module's docstring); ``patience``: rounds in a
+    row not kept before the loop stops."""
 
     rounds: int = 3
     budget: int | None = None
@@ -58,11 +62,12 @@ class RefineConfig:
     regen_steps: int | None = None
     seed: int = 0
     evaluator: str = "critic"
+    patience: int = 1
 
     def __post_init__(self):
         if self.evaluator not in EVALUATORS:
             raise InputError(f"evaluator must be one of {EVALUATORS}, got {self.evaluator!r}")
-        for name, low in (("rounds", 0), ("groups", 1), ("seed", 0)):
+        for name, low in (("rounds", 0), ("groups", 1), ("seed", 0), ("patience", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InputError(f"{name} must be an int >= {low}, got {value!r}")
@@ -176,12 +181,15 @@ def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confiden
     trace = {"critic": critic_name(critic), "evaluator": evaluator,
              "config": {k: getattr(config, k) for k in config.__dataclass_fields__},
              "score_initial": round(state.score, 6), "scoring_passes_initial": passes, "rounds": []}
-    stopped = "rounds"
+    stopped, misses = None, 0
     for round_ in range(config.rounds):
         stopped = _round(model, layout, state, plan if not reuse else None, judge, sampler, config, round_, trace,
                          text_codec, regions if round_ == 0 else None)
         if on_round is not None and len(trace["rounds"]) > round_:
             on_round(round_ + 1, state.draft)
+        misses = misses + 1 if stopped in NOT_KEPT else 0
+        if stopped in NOT_KEPT and misses < config.patience:
+            stopped = None  # try again: the next round re-plans and samples with its own seed
         if stopped:
             break
     trace.update(score_final=round(state.score, 6), forward_passes=state.passes, stopped=stopped or "rounds",

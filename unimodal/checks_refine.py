@@ -31,7 +31,7 @@ REGION_KEYS = {"box": "image", "seconds": "audio", "chars": "text"}
 COMMON_KEYS = ("input", "prompt", "out", "seed")
 PLAN_KEYS = ("critic", "fraction", "threshold", "check")
 OP_KEYS = {"critique": COMMON_KEYS + PLAN_KEYS,
-           "refine": COMMON_KEYS + PLAN_KEYS + ("rounds", "budget", "regions", "trace", "evaluator"),
+           "refine": COMMON_KEYS + PLAN_KEYS + ("rounds", "budget", "regions", "trace", "evaluator", "patience"),
            "edit": COMMON_KEYS + tuple(REGION_KEYS) + ("instruction", "trace", "candidates")}
 EVALUATORS = ("critic", "agreement")  # mirrors unimodal.inference.refine.EVALUATORS
 
@@ -102,6 +102,7 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
               "rounds": lambda v: _int_setting("rounds", v, 1),
               "budget": lambda v: _int_setting("budget", v, 1),
               "candidates": lambda v: _int_setting("candidates", v, 1),
+              "patience": lambda v: _int_setting("patience", v, 1),
               "evaluator": _evaluator,
               "regions": lambda v: check_regions(v, modality)}
     options.update({key: check(request[key]) for key, check in checks.items() if request.get(key) is not None})

@@ -80,7 +80,8 @@ def _cmd_refine(args) -> int:
     content = _content(args.input)
     fixed, trace = pipe.refine(content, text=args.prompt, rounds=args.rounds, budget=args.budget,
                                critic=_critic(args.critic), fraction=args.fraction, threshold=args.threshold,
-                               check=args.check, seed=args.seed, evaluator=args.evaluator)
+                               check=args.check, seed=args.seed, evaluator=args.evaluator,
+                               patience=args.patience)
     if args.out:
         fixed.save(args.out)
     if args.trace:
@@ -217,7 +218,7 @@ def _cmd_bench_edit(args) -> int:
 def _refine_options(args) -> dict:
     """Keywords of ``refine`` the bench passes on (only those given)."""
     options = {"temperature": args.temperature, "fraction": args.fraction, "threshold": args.threshold,
-               "evaluator": args.evaluator}
+               "evaluator": args.evaluator, "patience": args.patience}
     return {k: v for k, v in options.items() if v is not None}
 
 
@@ -268,6 +269,8 @@ def add_refine_commands(sub) -> None:
     refine.add_argument("--evaluator", default="critic", choices=["critic", "agreement"], help="what keeps a "
                         "round: the critic's own score (default), or agreement: --prompt read back from the output "
                         "by the model became likelier")
+    refine.add_argument("--patience", type=_positive("--patience"), default=1, help="rounds in a row not kept "
+                        "before it stops; each retry re-plans and samples anew (1)")
     refine.set_defaults(func=_cmd_refine)
     edit = sub.add_parser("edit", help="regenerate one region of an output from a new description, or follow an "
                                        "instruction (\"make the circle blue\")")
@@ -309,6 +312,7 @@ def add_bench_refine_command(bench) -> None:
     sub.add_argument("--threshold", type=float, default=None, help="flag only tokens scored below this (0.5)")
     sub.add_argument("--evaluator", default=None, choices=["critic", "agreement"], help="what keeps a refine round: "
                      "the critic's own score (default) or the caption read back from the picture (agreement)")
+    sub.add_argument("--patience", type=int, default=None, help="refine rounds in a row not kept before it stops (1)")
     sub.add_argument("--corrupt", type=float, default=None, help="instead: corrupt this share of the codes of the "
                      "real test pictures and measure how much refine restores (and each critic's AUROC)")
     sub.add_argument("--mistakes", type=float, default=None, help="instead: re-mask this share of the real test "

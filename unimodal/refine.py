@@ -249,21 +249,23 @@ def speech_span(duration: float, text: str, start: int, length: int, half: float
 def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, budget: int | None = None,
            critic="confidence", fraction: float = 0.25, threshold: float = 0.5, groups: int = 4,
            regen_steps: int | None = None, regions: Sequence[Mapping] | None = None, check: bool = False,
-           cfg=None, seed: int = 0, evaluator: str = "critic", on_round=None,
+           cfg=None, seed: int = 0, evaluator: str = "critic", patience: int = 1, on_round=None,
            **settings) -> tuple[GenerationResult, dict]:
     """Re-mask flagged regions and regenerate them, round by round; the refined result and the trace.
 
     ``regions``: the caller's plan for the first round (native units); ``check``: plan the first round from
     the cross-modal check when it disagrees; ``evaluator``: what keeps a round, ``"critic"`` (its mean
     log-score rose) or ``"agreement"`` (the request read back from the result by the same model became more
-    likely; needs ``text=`` / the input the result was made from); ``settings``: sampler settings of the regenerations (as
+    likely; needs ``text=`` / the input the result was made from); ``patience``: rounds in a row not kept before
+    the loop stops (each retry re-plans and samples anew); ``settings``: sampler settings of the regenerations (as
     :meth:`UniModal.generate` takes them; their steps are set per round unless ``regen_steps``);
     ``on_round(r, result)``: called after each round that ran with the result as it stands (for benchmarks).
     """
     require_trained_critic(pipe, critic)
     result = as_result(pipe, result)
     config = RefineConfig(rounds=rounds, budget=budget, fraction=fraction, threshold=threshold, groups=groups,
-                          regen_steps=regen_steps, seed=seed, evaluator=evaluator)
+                          regen_steps=regen_steps, seed=seed, evaluator=evaluator,
+                          patience=patience)
     report = cross_modal_check(pipe, result, text, seed) if check else None
     if report is not None and report.get("regions") and regions is None:
         regions = report["regions"]
