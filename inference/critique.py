@@ -211,7 +211,7 @@ def agreement_score(model, layout: Layout, draft: Draft, cfg=None) -> tuple[floa
     Why not the confidence score to compare two drafts of one request: it says how sure the model was of its
     own tokens, not whether they show what was asked; on 64 test scenes with 4 pictures each (shipped model),
     it ranked a judged-right picture above a judged-wrong one of the same request in 46% of pairs, this score in
-    72% (docs/critique.md)."""
+    72% (docs/results.md, "Keeping a round by agreement")."""
     if not draft.conditions:
         raise InputError("the agreement score reads the request back from the draft; this draft was generated "
                          "from no input (nothing to agree with)")

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from unimodal.inference.critique import (Draft, TargetForward, audio_region, confidence_scores, flagged, image_region,
                                 learned_scores, make_draft, random_scores, region_indices, regions_from_flags,
@@ -423,6 +424,19 @@ def test_bench_refine_command(tiny_codec_dir, tmp_path, capsys):
     report = json.loads((tmp_path / "bench" / "bench_refine.json").read_text())
     assert code == 0 and "best-of-2" in out and set(report["refine"]) == {"confidence", "random"}
     assert report["best_of"][1]["forward_passes"] > report["best_of"][0]["forward_passes"]
+    assert {r["selector"] for r in report["best_of"]} == {"confidence", "agreement"}
+    assert "best-of-2 (agreement)" in out and (tmp_path / "bench" / "bench_refine.png").is_file()
+    code, out, err = run(capsys, "bench", "refine-plot", tmp_path / "bench" / "bench_refine.json",
+                         tmp_path / "bench" / "bench_refine.json", "--out", tmp_path / "both.png")
+    assert code == 0, err
+    assert Image.open(tmp_path / "both.png").size[0] > 300
+    (tmp_path / "other.json").write_text(json.dumps({**report, "seed": 5}))
+    code, _, err = run(capsys, "bench", "refine-plot", tmp_path / "bench" / "bench_refine.json",
+                       tmp_path / "other.json", "--out", tmp_path / "x.png")
+    assert code == 2 and "different cases" in err
+    (tmp_path / "repair.json").write_text(json.dumps({"n": 2, "critics": {}}))
+    code, _, err = run(capsys, "bench", "refine-plot", tmp_path / "repair.json", "--out", tmp_path / "x.png")
+    assert code == 2 and "no curves" in err
 
 
 def test_bench_refine_repair_mode_and_auroc(tiny_codec_dir, tmp_path, capsys):

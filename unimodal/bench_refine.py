@@ -371,5 +371,56 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def plot_refine(reports: Sequence[dict], path) -> "Path":
+    """Judged accuracy against mean forward passes per picture: no refine, every refine run round by round (one
+    line per critic and evaluator), best-of-N per selector, and the share where any of N pictures is right (the
+    best a selector could do). Several reports of the same cases and seeds go on one figure."""
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7.5, 4.8))
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    axis.set_prop_cycle(color=[c for k, c in enumerate(palette) if k != 7])  # the 8th is grey, as the oracle
+    base = reports[0]["refine"][next(iter(reports[0]["refine"]))]["rounds"][0]
+    axis.plot([base["forward_passes"]], [base["accuracy"]], "ks", label="no refine")
+    seen = set()
+    for report in reports:
+        options = report.get("options") or {}
+        tag = f"kept by {options.get('evaluator', 'critic')}" + (f", patience {options['patience']}"
+                                                                  if options.get("patience", 1) > 1 else "")
+        for critic, part in report["refine"].items():
+            rows = part["rounds"]
+            axis.plot([r["forward_passes"] for r in rows], [r["accuracy"] for r in rows], "-o", markersize=3,
+                      label=f"refine {critic}, {tag}")
+        by_selector: dict[str, list] = {}
+        for row in report.get("best_of", []):
+            by_selector.setdefault(row.get("selector", "confidence"), []).append(row)
+        for selector, rows in by_selector.items():
+            key = (selector, tuple((r["n"], r["accuracy"]) for r in rows))
+            if len(rows) < 2 or key in seen:
+                continue
+            seen.add(key)
+            axis.plot([r["forward_passes"] for r in rows], [r["accuracy"] for r in rows], "--^", markersize=4,
+                      label=f"best-of-N, kept by {selector}")
+            if ("oracle",) not in seen:
+                seen.add(("oracle",))
+                axis.plot([r["forward_passes"] for r in rows], [r["oracle_accuracy"] for r in rows], ":",
+                          color="black", alpha=0.6, label="any of N right (a perfect selector)")
+    axis.set_xlabel("forward passes per picture (mean)")
+    axis.set_ylabel("judged accuracy (scene judge)")
+    axis.set_title(f"text->image, n={reports[0]['n']} test captions, seed {reports[0]['seed']}", fontsize=10)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 __all__ = ["auroc", "bench_mistakes", "bench_refine", "bench_repair", "format_mistakes", "format_repair",
-           "format_table"]
+           "format_table", "plot_refine"]

@@ -157,9 +157,10 @@ def add_bench_commands(sub) -> None:
     from unimodal.recipe import add_recipe_command
 
     add_recipe_command(bench)
-    from unimodal.cli_refine import add_bench_edit_command, add_bench_refine_command
+    from unimodal.cli_refine import add_bench_edit_command, add_bench_refine_command, add_bench_refine_plot_command
 
     add_bench_refine_command(bench)
+    add_bench_refine_plot_command(bench)
     add_bench_edit_command(bench)
 
 

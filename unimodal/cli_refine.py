@@ -183,6 +183,33 @@ def _cmd_bench_refine(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_refine.json").write_text(json.dumps(report, indent=2) + "\n")
     print(out / "bench_refine.json")
+    if args.corrupt is None and args.mistakes is None:
+        from unimodal.bench_refine import plot_refine
+
+        print(plot_refine([report], out / "bench_refine.png"))
+    return 0
+
+
+def _cmd_bench_refine_plot(args) -> int:
+    """Several ``bench refine`` reports of the same cases on one figure."""
+    from unimodal.bench_refine import plot_refine
+
+    reports = []
+    for name in args.reports:
+        path = user_path(name, "report", InputFileError)
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            raise InputFileError(f"report {name!r} is not a readable bench_refine.json: {error}") from None
+        if not isinstance(report, dict) or "refine" not in report or "best_of" not in report:
+            raise InputFileError(f"report {name!r} is not a text->image bench_refine.json (no 'refine' and "
+                                 f"'best_of'; --corrupt and --mistakes reports have no curves)")
+        reports.append(report)
+    if len({(r["n"], r["seed"], r.get("split")) for r in reports}) > 1:
+        raise InputError("the reports measure different cases (n, seed or split differ); one figure compares "
+                         "methods on the same cases")
+    out = user_path(args.out, "--out", OutputPathError)
+    print(plot_refine(reports, out))
     return 0
 
 
@@ -324,6 +351,14 @@ def add_bench_refine_command(bench) -> None:
     sub.set_defaults(func=_cmd_bench_refine)
 
 
+def add_bench_refine_plot_command(bench) -> None:
+    sub = bench.add_parser("refine-plot", help="judged accuracy against forward passes from one or more bench "
+                                               "refine reports of the same cases (PNG)")
+    sub.add_argument("reports", nargs="+", help="bench_refine.json files")
+    sub.add_argument("--out", default="bench_refine.png")
+    sub.set_defaults(func=_cmd_bench_refine_plot)
+
+
 def add_bench_edit_command(bench) -> None:
     sub = _scene_bench(bench, "edit", "instructed picture edits (\"make the circle blue\") on real test scenes, "
                                       "judged by the scene judge, with forward passes (needs unimodal[eval])")
@@ -335,4 +370,5 @@ def add_bench_edit_command(bench) -> None:
     sub.set_defaults(func=_cmd_bench_edit)
 
 
-__all__ = ["add_bench_edit_command", "add_bench_refine_command", "add_refine_commands"]
+__all__ = ["add_bench_edit_command", "add_bench_refine_command", "add_bench_refine_plot_command",
+           "add_refine_commands"]
