@@ -36,6 +36,17 @@ def test_generate_writes_the_image(model_dir, tmp_path, capsys):
     assert Image.open(tmp_path / "red.png").size == (64, 64)
 
 
+def test_generate_candidates_keeps_the_best_read_back(model_dir, tmp_path, capsys):
+    code, out, err = run(capsys, "generate", "--model", model_dir, "--text", "a red circle", "--to", "image",
+                         "--steps", "2", "--candidates", "2", "--out", tmp_path / "best.png", "--json", "--quiet")
+    assert code == 0, err
+    chosen = json.loads(out)["settings"]["candidates"]
+    assert chosen["n"] == 2 and chosen["kept"] in (0, 1) and (tmp_path / "best.png").is_file()
+    code, _, err = run(capsys, "generate", "--model", model_dir, "--text", "a red circle", "--candidates", "0",
+                       "--out", tmp_path / "x.png")
+    assert code == 2 and "candidates must be an int from 1 to 64" in err
+
+
 def test_generate_json_from_files_and_to_several_outputs(model_dir, tmp_path, capsys):
     Image.new("RGB", (64, 64), (200, 30, 30)).save(tmp_path / "photo.png")
     code, out, _ = run(capsys, "generate", "--model", model_dir, "--image", tmp_path / "photo.png", "--to", "text",

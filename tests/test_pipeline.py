@@ -16,7 +16,7 @@ from unimodal.backbone.dit import DiT
 from unimodal.inference.sampler import Request, SamplerConfig, generate, masked_after_step
 from unimodal.inference.schedulers import MaskedDiffusionScheduler
 from unimodal.tokenizers_mm.layout import EOT, MASK, PAD, Layout
-from unimodal.core.errors import DataError, InputError
+from unimodal.core.errors import DataError, InputError, SettingError
 
 from conftest import TASKS, random_tiny_dit  # noqa: E402
 
@@ -263,6 +263,25 @@ def test_same_seed_same_output_and_batch_equals_one_by_one(pipe):
     assert other.token_ids != batch[0].token_ids
     fresh = pipe.generate(text="a red circle", to="image", seed=None, **FAST)
     assert isinstance(fresh.settings["seed"], int)
+
+
+def test_candidates_keep_the_draw_that_agrees_best_with_the_input(pipe):
+    """candidates=N draws seeds seed .. seed + N - 1 and keeps the one whose prompt the model reads back best;
+    the kept one is exactly what generate gives for its seed, and every draw's passes are counted."""
+    best = pipe.generate(text="a red circle", to="image", steps=4, seed=5, candidates=3)
+    chosen = best.settings["candidates"]
+    assert chosen["n"] == 3 and chosen["seeds"] == [5, 6, 7]
+    assert chosen["agreement"][chosen["kept"]] == max(chosen["agreement"])
+    alone = pipe.generate(text="a red circle", to="image", steps=4, seed=5 + chosen["kept"])
+    assert alone.token_ids == best.token_ids
+    assert best.forward_passes == 3 * alone.forward_passes + 3  # three samplings, three read-backs
+    caption = pipe.generate(image=np.zeros((64, 64, 3), np.uint8), to="text", steps=4, candidates=2)
+    assert caption.settings["candidates"]["n"] == 2  # any direction with an input
+    with pytest.raises(InputError, match="unconditional"):
+        pipe.generate(to="image", steps=4, candidates=2)
+    for bad in (0, 65, True, 1.5):
+        with pytest.raises(SettingError, match="candidates"):
+            pipe.generate(text="a red circle", to="image", candidates=bad)
 
 
 def test_each_output_gets_its_modalitys_defaults_under_the_callers_settings(pipe):

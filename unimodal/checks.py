@@ -34,8 +34,9 @@ SCHEDULES = ("cosine", "linear")
 BLOCK_MODES = ("confidence", "threshold")
 INPUT_KEYS = MODALITIES
 SETTING_KEYS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "seed", "max_text_tokens",
-                "max_audio_seconds", "schedule", "block_length", "block_mode", "choice_temperature")
+                "max_audio_seconds", "schedule", "block_length", "block_mode", "choice_temperature", "candidates")
 GENERATE_KEYS = INPUT_KEYS + ("to", "out") + SETTING_KEYS
+MAX_CANDIDATES = 64  # draws of one request kept to the best: more is a batch job, not a request
 # Reading the first pixels of an image bigger than this is already slow; nothing this model reads is near it.
 MAX_IMAGE_PIXELS = 64_000_000
 
@@ -190,6 +191,12 @@ def _int_setting(name: str, value, low: int) -> int:
     return value
 
 
+def _bounded_int(name: str, value, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise SettingError(f"{name} must be an int from {low} to {high}, got {value!r}")
+    return value
+
+
 def _real_setting(name: str, value, accepted: str, ok) -> float:
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or not ok(value):
         raise SettingError(f"{name} must be a number {accepted}, got {value!r}")
@@ -217,6 +224,7 @@ _SETTING_CHECKS = {
     "top_k": lambda v: _int_setting("top_k", v, 0),
     "block_length": lambda v: _int_setting("block_length", v, 1),
     "max_text_tokens": lambda v: _int_setting("max_text_tokens", v, 1),
+    "candidates": lambda v: _bounded_int("candidates", v, 1, MAX_CANDIDATES),
     "seed": lambda v: check_seed(v, error=SettingError),
     "mode": lambda v: _choice_setting("mode", v, MODES),
     "schedule": lambda v: _choice_setting("schedule", v, SCHEDULES),

@@ -47,12 +47,12 @@ from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel
 from unimodal.tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
 from unimodal.tokenizers_mm.text import TextCodec
 from unimodal.tokenizers_mm.vocoder import MelVocoder
-from unimodal.checks import check_model_folder, check_not_both, check_to
+from unimodal.checks import MAX_CANDIDATES, check_model_folder, check_not_both, check_to
 from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
 from unimodal.core.paths import resolve_model_dir
 from unimodal.core.grammar import unknown_words
-from unimodal.core.seeds import check_seed
+from unimodal.core.seeds import check_seed, fresh_seed
 from unimodal.inputs import as_audio, as_image, as_text
 from unimodal.core.int8 import load_pretrained
 from unimodal.results import GenerationResult
@@ -197,7 +197,7 @@ class UniModal(DiffusionPipeline):
                  temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                  cfg: float | Mapping[str, float] | None = None, seed: int | None = 0,
                  max_text_tokens: int | None = None, max_audio_seconds: float | None = None,
-                 progress: bool = False, **settings) -> GenerationResult:
+                 progress: bool = False, candidates: int = 1, **settings) -> GenerationResult:
         """Generate ``to`` (a modality, a list, or ``"image,audio"``) from the inputs given (none: unconditional).
 
         Inputs: ``text`` a string; ``image`` a PIL image, uint8 array or file path (resized to the codec's
@@ -208,11 +208,50 @@ class UniModal(DiffusionPipeline):
         same seed, same settings, same output (None: a fresh seed, reported in ``result.settings``).
         ``max_text_tokens`` / ``max_audio_seconds`` cap the generated text / audio (default: the model's
         maximum). Extra ``settings``: ``schedule``, ``block_length``, ``block_mode``.
+
+        ``candidates`` > 1: draw that many (seeds ``seed``, ``seed + 1``, ...; one batched sampler call) and return
+        the one that agrees best with the inputs, read back by the same model (the prompt's log-probability when
+        the model reads it from each output: :func:`unimodal.inference.critique.agreement_score`, one forward
+        pass each). ``result.settings["candidates"]`` holds every candidate's seed and score and which was kept;
+        ``forward_passes`` counts all of them. Needs an input to agree with.
         """
         request = dict(text=text, image=image, audio=audio, to=to, max_text_tokens=max_text_tokens,
                        max_audio_seconds=max_audio_seconds)
-        return self.generate_batch([request], steps=steps, mode=mode, tau=tau, temperature=temperature,
-                                   top_k=top_k, top_p=top_p, cfg=cfg, seed=seed, progress=progress, **settings)[0]
+        sampling = dict(steps=steps, mode=mode, tau=tau, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
+                        **settings)
+        if isinstance(candidates, bool) or not isinstance(candidates, int) or not 1 <= candidates <= MAX_CANDIDATES:
+            raise SettingError(f"candidates must be an int from 1 to {MAX_CANDIDATES}, got {candidates!r}")
+        if candidates == 1:
+            return self.generate_batch([request], seed=seed, progress=progress, **sampling)[0]
+        return self._best_of(request, candidates, seed, progress, sampling)
+
+    def _best_of(self, request: dict, candidates: int, seed: int | None, progress: bool,
+                 sampling: Mapping) -> GenerationResult:
+        """``candidates`` draws of one request, the one whose inputs the model reads back best kept."""
+        from unimodal.inference.critique import agreement_score
+        from unimodal.refine import draft_of
+
+        if self.autoregressive:
+            raise SettingError("candidates > 1 reads each output back with the masked-diffusion model; the "
+                               "autoregressive twin has no such reading (use candidates=1)")
+        inputs = {m: request[m] for m in MODALITIES if request.get(m) is not None}
+        if not inputs:
+            raise InputError("candidates > 1 keeps the output that agrees best with the inputs; an unconditional "
+                             "request has none (give text, image or audio, or candidates=1)")
+        seed = fresh_seed() if seed is None else check_seed(seed, error=SettingError)
+        draws = self.generate_batch([dict(request, seed=seed + k) for k in range(candidates)], progress=progress,
+                                    **sampling)
+        scores = []
+        with self._lock:
+            for draw in draws:
+                score, calls = agreement_score(self.backbone, self.layout, draft_of(self, draw, inputs))
+                scores.append(score)
+        kept = max(range(candidates), key=scores.__getitem__)
+        best = draws[kept]
+        best.forward_passes = sum(d.forward_passes for d in draws) + calls * candidates
+        best.settings = {**best.settings, "candidates": {"n": candidates, "kept": kept, "seeds": [seed + k for k in
+                         range(candidates)], "agreement": [round(v, 6) for v in scores]}}
+        return best
 
     def generate_batch(self, requests: Sequence[Mapping], progress: bool = False, errors: str = "raise",
                        **settings) -> list[GenerationResult | UnimodalError]:
