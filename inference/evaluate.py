@@ -157,13 +157,22 @@ def eval_requests(direction: str, cases: Sequence[EvalCase], seed: int) -> list[
 
 def generate_direction(pipe, direction: str, cases: Sequence[EvalCase], settings: dict, seed: int,
                        batch_size: int = 16, progress: bool = True) -> tuple[list, float]:
-    """The outputs for every case (request i seeded ``seed + i``) and the wall time per sample."""
+    """The outputs for every case (request i seeded ``seed + i``) and the wall time per sample. A ``candidates``
+    setting (> 1) draws that many per case (seeds ``seed + i``, ``seed + i + 1``, ...) and keeps the one the model
+    reads back best (``UniModal.generate(candidates=)``), case by case; the joint direction reads no input, so it
+    is sampled as usual."""
     from tqdm.auto import tqdm
 
+    settings = dict(settings)
+    candidates = settings.pop("candidates", 1)
     requests = eval_requests(direction, cases, seed)
     results, start = [], time.perf_counter()
-    for first in tqdm(range(0, len(requests), batch_size), desc=direction, disable=not progress, leave=False):
-        results += pipe.generate_batch(requests[first:first + batch_size], **settings)
+    if candidates > 1 and direction != "joint":
+        for request in tqdm(requests, desc=f"{direction} (best of {candidates})", disable=not progress, leave=False):
+            results.append(pipe.generate(**request, candidates=candidates, **settings))
+    else:
+        for first in tqdm(range(0, len(requests), batch_size), desc=direction, disable=not progress, leave=False):
+            results += pipe.generate_batch(requests[first:first + batch_size], **settings)
     return results, (time.perf_counter() - start) / max(len(requests), 1)
 
 

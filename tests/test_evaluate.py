@@ -125,6 +125,27 @@ def test_eval_semi_ar_flags_reach_the_sampler(caption_model, tmp_path, capsys):
     assert (used["mode"], used["block_length"]) == ("semi_ar", 4)
 
 
+def test_eval_with_candidates_judges_the_kept_draw(caption_model, tmp_path, capsys, monkeypatch):
+    """--candidates reaches generate for every case of a direction with an input; joint is sampled as usual."""
+    from unimodal.pipeline import UniModal
+
+    seen = []
+    original = UniModal.generate
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("candidates", 1))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(UniModal, "generate", spy)
+    args = ["eval", "--model", str(caption_model), "--data", "scenes", "--n", "2", "--directions", "text->image",
+            "--steps", "2", "--candidates", "2", "--out", str(tmp_path / "e")]
+    assert main(args) == 0
+    report = json.loads((tmp_path / "e" / "eval.json").read_text())
+    assert report["settings"] == {"steps": 2, "candidates": 2} and seen == [2, 2]
+    assert main(args[:8] + ["joint", "--joint-n", "2"] + args[9:]) == 0
+    assert seen == [2, 2]  # joint reads no input: sampled in batches as usual, not through generate(candidates)
+
+
 def _same_but_time(a, b):
     strip = lambda f: {d: {k: v for k, v in x.items() if k != "wall_s_per_sample"} for d, x in f.items()}  # noqa: E731
     return strip(a["figures"]) == strip(b["figures"])
