@@ -24,6 +24,40 @@ def test_the_instruction_names_the_first_object_and_a_colour_no_object_has():
     assert all(p.startswith("make the red circle ") and p.split()[-1] not in ("red", "blue") for p in pair)
 
 
+def test_speech_and_caption_instructions_replace_the_first_objects_colour_word():
+    from unimodal.core.grammar import COLORS
+
+    new = [c for c in COLORS if c != "red"][0]
+    assert edit_instruction(ONE, 0, "audio") == f"say '{new}' instead of 'red'"
+    assert edit_instruction(ONE, 0, "text") == f"replace 'red' by '{new}'"
+
+
+def test_caption_edits_are_spliced_and_judged_by_the_grammar(tiny_caption_model_dir, tmp_path, capsys):
+    """A caption edit needs no model call: the word is spliced in, every other token kept, and the edited caption
+    states the target scene (on any model, the tiny random one included)."""
+    code, out, err = run(capsys, "bench", "edit", "--model", tiny_caption_model_dir, "--n", "3", "--modality",
+                         "text", "--out", tmp_path / "bench")
+    assert code == 0, err
+    report = json.loads((tmp_path / "bench" / "bench_edit.json").read_text())
+    assert report["modality"] == "text" and report["sampler"] == {}
+    summary = report["summary"]["all"]
+    assert summary["judged_right"] == summary["source_judged_right"] == 3 and summary["outside_changed"] == 0
+    assert summary["mean_forward_passes"] == 0 and "replace '<colour>' by '<new colour>'" in out
+    assert all(r["regions"][0][1] > r["regions"][0][0] for r in report["rows"])  # the word's characters
+
+
+def test_speech_edits_run_through_the_speech_judge(tiny_caption_model_dir, tmp_path, capsys):
+    pytest.importorskip("faster_whisper")
+    code, out, err = run(capsys, "bench", "edit", "--model", tiny_caption_model_dir, "--n", "1", "--modality",
+                         "audio", "--out", tmp_path / "bench")
+    assert code == 0, err
+    report = json.loads((tmp_path / "bench" / "bench_edit.json").read_text())
+    row = report["rows"][0]
+    assert report["modality"] == "audio" and set(report["sampler"]) == {"regeneration", "read_back"}
+    assert row.get("refused") or (row["outside_changed"] == 0 and len(row["regions"][0]) == 2)
+    assert "transcribed by the speech judge" in out
+
+
 def test_the_summary_counts_each_group():
     row = dict(judged_right=False, colour_right=True, verdict=False, source_judged_right=True, outside_changed=0,
                passes=10)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from unimodal.core.errors import InputError, OutputPathError
 from unimodal.core.grammar import COLORS
+from unimodal.core.media import SAMPLE_RATE
 from unimodal.core.paths import atomic_write, user_path
 
 REPORT_FILE = "bench_edit.json"
@@ -32,41 +33,95 @@ GROUPS = {"all": lambda row: True, "one object": lambda row: row["objects"] == 1
 COUNTED = (("judged_right", "judged right: the asked colour, the rest the same"),
            ("colour_right", "the asked colour judged right (rest may differ)"),
            ("verdict", "self-check verdict \"parses to the target\""),
-           ("source_judged_right", "source pictures judged right"))
+           ("source_judged_right", "sources judged right"))
 SAMPLER_KEYS = ("mode", "steps", "cfg", "temperature", "choice_temperature")
+MODALITIES = ("image", "audio", "text")
+WHAT = {"image": "pictures, instruction 'make the <shape> <new colour>' (pairs: the first object by colour and "
+                 "shape), caption given as text=, judged by the scene judge",
+        "audio": "spoken captions, instruction \"say '<new colour>' instead of '<colour>'\", caption given as "
+                 "text=, transcribed by the speech judge and parsed by the caption grammar",
+        "text": "captions, instruction \"replace '<colour>' by '<new colour>'\", parsed by the caption grammar"}
 
 
-def edit_instruction(truth: dict, k: int) -> str:
-    """Case ``k``'s instruction: its first object to the ``k``-th (cyclically) colour no object of it has."""
+def edit_instruction(truth: dict, k: int, modality: str = "image") -> str:
+    """Case ``k``'s instruction: its first object to the ``k``-th (cyclically) colour no object of it has; for a
+    picture by the object's name, for speech and captions by the word."""
     obj = truth["objects"][0]
     used = {o["color"] for o in truth["objects"]}
     colours = [c for c in COLORS if c not in used]
+    new = colours[k % len(colours)]
+    if modality == "audio":
+        return f"say '{new}' instead of '{obj['color']}'"
+    if modality == "text":
+        return f"replace '{obj['color']}' by '{new}'"
     ref = obj["shape"] if len(truth["objects"]) == 1 else f"{obj['color']} {obj['shape']}"
-    return f"make the {ref} {colours[k % len(colours)]}"
+    return f"make the {ref} {new}"
 
 
-def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1) -> dict:
+def _content(case, modality: str):
+    return {"image": case.image, "audio": (case.audio, SAMPLE_RATE), "text": case.text}[modality]
+
+
+def _target_scene(truth: dict, instruction: str, modality: str) -> dict:
+    """The scene the instruction asks for, from the case's truth (what the judges compare the edit with)."""
+    from unimodal.core.instructions import apply_instruction, parse_instruction
+
+    parsed = parse_instruction(instruction)
+    if modality == "image":
+        return apply_instruction(truth, parsed)[0]
+    objects = [dict(o) for o in truth["objects"]]
+    objects[0]["color"] = parsed.new
+    return {**truth, "objects": objects}
+
+
+def _judge(judge, modality: str, content, scene: dict) -> tuple[bool, bool]:
+    """(every attribute right, the first object's colour right) of a picture, speech or caption against
+    ``scene``: the scene judge for pictures; speech is transcribed by the speech judge, and speech and captions
+    are parsed by the caption grammar."""
+    from unimodal.core.grammar import parse_scene_caption, scenes_equal
+
+    if modality == "image":
+        score = judge.score(content, scene)
+        return bool(score["correct"]), bool(score["color"])
+    said = judge.transcribe(content) if modality == "audio" else content
+    heard = parse_scene_caption(said)
+    if heard is None:
+        return False, False
+    first = heard["objects"][0] if heard.get("objects") else {}
+    return scenes_equal(scene, heard), first.get("color") == scene["objects"][0]["color"]
+
+
+def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modality: str = "image") -> dict:
     """One case's row: the instruction, the judge's and the self-check's verdicts, codes changed, passes."""
-    instruction = edit_instruction(case.truth, k)
+    instruction = edit_instruction(case.truth, k, modality)
     row = {"case": k, "caption": case.text, "objects": len(case.truth["objects"]), "instruction": instruction,
-           "seed": seed + k, "source_judged_right": bool(judge.score(case.image, case.truth)["correct"])}
+           "seed": seed + k,
+           "source_judged_right": _judge(judge, modality, _content_of(case, modality), case.truth)[0]}
     start = time.perf_counter()
     try:
-        edited, trace = pipe.edit(case.image, instruction=instruction, text=case.text, seed=seed + k,
-                                  candidates=candidates)
+        edited, trace = pipe.edit(_content(case, modality), instruction=instruction,
+                                  text=None if modality == "text" else case.text, seed=seed + k,
+                                  candidates=candidates, modality=modality)
     except InputError as error:  # the plan refused it: counted as not right, said why
         return {**row, "refused": str(error), "judged_right": False, "colour_right": False, "verdict": False,
                 "outside_changed": 0, "inside": 0, "regions": [], "located_by": None, "passes": 0,
                 "seconds": round(time.perf_counter() - start, 2)}
     plan = trace["plan"]
-    score = judge.score(edited.image, plan["target_attributes"])
-    return {**row, "target": plan["target"], "judged_right": bool(score["correct"]),
-            "colour_right": bool(score["color"]), "verdict": bool(trace["check"]["parses_to_target"]),
-            "read_back": trace["check"]["read_back"], "outside_changed": trace["tokens_changed"]["outside"],
-            "inside": trace["tokens_changed"]["inside"], "regions": [r["box"] for r in plan["regions"]],
-            "located_by": plan["located_by"], "passes": trace["forward_passes"],
-            "candidates": plan.get("candidates"),
+    target = plan.get("target_attributes") or _target_scene(case.truth, instruction, modality)
+    output = {"image": edited.image, "audio": edited.audio, "text": edited.text}[modality]
+    right, colour = _judge(judge, modality, output, target)
+    region_key = {"image": "box", "audio": "seconds", "text": "chars"}[modality]
+    return {**row, "target": plan["target"], "judged_right": right, "colour_right": colour,
+            "verdict": bool(trace["check"]["parses_to_target"]), "read_back": trace["check"]["read_back"],
+            "outside_changed": trace["tokens_changed"]["outside"], "inside": trace["tokens_changed"]["inside"],
+            "regions": [r[region_key] for r in plan["regions"]], "located_by": plan["located_by"],
+            "passes": trace["forward_passes"], "candidates": plan.get("candidates"),
             "seconds": round(time.perf_counter() - start, 2)}
+
+
+def _content_of(case, modality: str):
+    """What the source is judged on: the picture, the clip (transcribed) or the caption."""
+    return {"image": case.image, "audio": case.audio, "text": case.text}[modality]
 
 
 def summarise(rows: Sequence[dict]) -> dict:
@@ -87,25 +142,30 @@ def summarise(rows: Sequence[dict]) -> dict:
     return summary
 
 
-def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool = True, candidates: int = 1) -> dict:
+def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool = True, candidates: int = 1,
+               modality: str = "image") -> dict:
     """The report: settings, one row per case, and the summary (see :func:`summarise`); ``candidates``:
-    regenerations per edit, the one that agrees best with the target kept."""
+    regenerations per edit, the one that agrees best with the target kept; ``modality``: edit the pictures
+    (judged by the scene judge), the spoken captions (transcribed by the speech judge) or the captions."""
     from tqdm.auto import tqdm
 
     if not cases:
         raise InputError("bench edit needs at least one case")
+    if modality not in MODALITIES:
+        raise InputError(f"bench edit edits one of {MODALITIES}, got {modality!r}")
     if judge is None:
-        from unimodal.judges import SceneJudge
+        from unimodal.judges import SceneJudge, SpeechJudge
 
-        judge = SceneJudge()
+        judge = SpeechJudge() if modality == "audio" else SceneJudge()
     start, rows = time.perf_counter(), []
     for k, case in enumerate(tqdm(cases, desc="edits", unit="case", disable=not progress, leave=False)):
-        rows.append(edit_case(pipe, case, k, seed, judge, candidates))
+        rows.append(edit_case(pipe, case, k, seed, judge, candidates, modality))
     seconds = round(time.perf_counter() - start, 1)
-    sampler = {kind: {k: v for k, v in pipe._sampler_config({}, kind).__dict__.items() if k in SAMPLER_KEYS}
-               for kind in ("image", "text")}  # the regeneration's and the read-back's defaults
-    return {"n": len(rows), "seed": seed, "candidates": candidates, "sampler": sampler, "seconds": seconds,
-            "summary": summarise(rows), "rows": rows}
+    kinds = {"regeneration": modality, "read_back": "text"} if modality != "text" else {}  # a caption is spliced
+    sampler = {role: {k: v for k, v in pipe._sampler_config({}, kind).__dict__.items() if k in SAMPLER_KEYS}
+               for role, kind in kinds.items()}  # the model's defaults for each
+    return {"n": len(rows), "seed": seed, "modality": modality, "candidates": candidates, "sampler": sampler,
+            "seconds": seconds, "summary": summarise(rows), "rows": rows}
 
 
 def format_table(report: dict) -> str:
@@ -121,18 +181,18 @@ def format_table(report: dict) -> str:
 
     for key, label in COUNTED:
         lines.append(f"{label:<{width}}  " + "  ".join(f"{cell(summary[g], key):>15}" for g in GROUPS))
-    lines.append(f"{'codes changed outside the regions':<{width}}  "
+    lines.append(f"{'tokens changed outside the regions':<{width}}  "
                  + "  ".join(f"{summary[g]['outside_changed']:>15}" for g in GROUPS))
     lines.append(f"{'mean forward passes':<{width}}  " + "  ".join(
         f"{'-' if summary[g]['mean_forward_passes'] is None else format(summary[g]['mean_forward_passes'], '.1f'):>15}"
         for g in GROUPS))
-    refused = summary["all"]["refused"]
-    lines.append(f"n={report['n']} scenes {report.get('split', 'test')} cases, seed {report['seed']} (case k: "
-                 f"seed + k), instruction 'make the <shape> <new colour>' (pairs: the first object by colour and "
-                 f"shape), caption given as text=, {report.get('candidates', 1)} candidate(s) per edit; "
-                 f"{report['seconds']} s"
-                 + (f"; {refused} refused by the plan (counted not right)" if refused else ""))
-    lines.append(f"sampler defaults: regeneration {report['sampler']['image']}, read-back {report['sampler']['text']}")
+    refused, modality = summary["all"]["refused"], report.get("modality", "image")
+    lines.append(f"n={report['n']} scenes {report.get('split', 'test')} cases, {WHAT[modality]}, seed "
+                 f"{report['seed']} (case k: seed + k), {report.get('candidates', 1)} candidate(s) per edit; "
+                 f"{report['seconds']} s" + (f"; {refused} refused by the plan (counted not right)" if refused else ""))
+    if report["sampler"]:
+        lines.append("sampler defaults: " + ", ".join(f"{role.replace('_', '-')} {values}"
+                                                      for role, values in report["sampler"].items()))
     if report.get("model_hash"):
         lines.append(f"model {report['model']} (hash {report['model_hash']})")
     return "\n".join(lines)

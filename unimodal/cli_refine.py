@@ -228,14 +228,15 @@ def _cmd_bench_edit(args) -> int:
     from unimodal.bench_edit import bench_edit, format_table, save_report
     from unimodal.eval_cases import load_cases
     from unimodal.inference.evaluate import model_hash
-    from unimodal.judges import SceneJudge
+    from unimodal.judges import SceneJudge, SpeechJudge
     from unimodal.serve import check_model, load_pipeline
 
-    judge = SceneJudge()  # needs opencv (unimodal[eval]): said before the model loads
+    # the judge needs unimodal[eval] (opencv; faster-whisper for speech): said before the model loads
+    judge = SpeechJudge() if args.modality == "audio" else SceneJudge()
     model_dir = check_model(args.model, args.device)
-    cases, _ = load_cases("scenes", args.split, args.n, speech=False)
+    cases, _ = load_cases("scenes", args.split, args.n, speech=args.modality == "audio")
     pipe = load_pipeline(model_dir, args.device)
-    report = bench_edit(pipe, cases, args.seed, judge, candidates=args.candidates)
+    report = bench_edit(pipe, cases, args.seed, judge, candidates=args.candidates, modality=args.modality)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split)
     print(format_table(report))
     print(save_report(report, out))
@@ -365,6 +366,9 @@ def add_bench_edit_command(bench) -> None:
     sub.add_argument("--seed", type=int, default=0, help="case k's edit uses seed + k")
     sub.add_argument("--candidates", type=int, default=1, help="regenerations per edit, the one whose picture "
                      "makes the target caption likeliest (read back by the model) kept (1)")
+    sub.add_argument("--modality", default="image", choices=["image", "audio", "text"], help="edit the pictures "
+                     "(default), the spoken captions (\"say 'blue' instead of 'red'\", judged through Whisper) or "
+                     "the captions (\"replace 'red' by 'blue'\")")
     sub.add_argument("--out", default="bench-edit", help="folder for bench_edit.json (every case's row and the "
                                                          "summary)")
     sub.set_defaults(func=_cmd_bench_edit)
