@@ -224,7 +224,7 @@ def test_length_grouped_micro_batches_cut_padding(tiny_codec_dir):
     assert sorted(e.task for g in groups for e in g) == sorted(tasks)
 
 
-def test_resume_keeps_the_runs_config_unless_steps_are_given(tmp_path):
+def test_resume_keeps_the_runs_config_unless_steps_or_snapshots_are_given(tmp_path):
     from unimodal.training.checkpoint import cli_config, resumed_config, save_atomic
 
     assert cli_config(TrainConfig, tmp_path, resume=True, steps=None, lr=1e-3).lr == 1e-3  # nothing to resume yet
@@ -236,6 +236,9 @@ def test_resume_keeps_the_runs_config_unless_steps_are_given(tmp_path):
     longer = cli_config(TrainConfig, tmp_path, resume=True, steps=20, lr=1e-3)
     cfg, _ = resumed_config(TrainConfig, longer, tmp_path / "checkpoint.pt", resume=True)
     assert (cfg.lr, cfg.steps) == (5e-4, 20)
+    with_snapshots = cli_config(TrainConfig, tmp_path, resume=True, steps=20, lr=1e-3, snapshots=[12, 16])
+    cfg, _ = resumed_config(TrainConfig, with_snapshots, tmp_path / "checkpoint.pt", resume=True)
+    assert (cfg.lr, cfg.steps, cfg.snapshots) == (5e-4, 20, [12, 16])  # snapshots never change what is trained
     cfg, state = resumed_config(TrainConfig, longer, tmp_path / "checkpoint.pt", resume=False)
     assert (cfg.lr, state) == (1e-3, None)
 

@@ -40,9 +40,10 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
 
 def resumed_config(config_cls, cfg, ckpt_path: str | os.PathLike, resume: bool):
     """``(config, state)`` at the start of a run. Resuming from an existing checkpoint: the run's own config,
-    except the total ``steps`` when ``cfg`` is given (to lengthen or shorten a run), and the checkpoint's
-    state; otherwise ``cfg`` (or the defaults) and None. Keys a newer config class no longer has are dropped,
-    and keys it predates take ``config_cls.LEGACY_DEFAULTS``, so an old checkpoint resumes as it ran."""
+    except, when ``cfg`` is given, the keys of ``config_cls.RESUME_OVERRIDES`` (default: ``steps``, to lengthen
+    or shorten a run; settings that do not change what is trained, such as when to write snapshots), and the
+    checkpoint's state; otherwise ``cfg`` (or the defaults) and None. Keys a newer config class no longer has are
+    dropped, and keys it predates take ``config_cls.LEGACY_DEFAULTS``, so an old checkpoint resumes as it ran."""
     ckpt_path = Path(ckpt_path)
     if not (resume and ckpt_path.exists()):
         return (cfg if cfg is not None else config_cls()), None
@@ -52,7 +53,8 @@ def resumed_config(config_cls, cfg, ckpt_path: str | os.PathLike, resume: bool):
     saved = {**getattr(config_cls, "LEGACY_DEFAULTS", {}), **state["config"]}
     saved = {k: v for k, v in saved.items() if k in known}
     if cfg is not None:
-        saved["steps"] = cfg.steps
+        for key in getattr(config_cls, "RESUME_OVERRIDES", ("steps",)):
+            saved[key] = getattr(cfg, key)
     return config_cls(**saved), state
 
 

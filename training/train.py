@@ -113,6 +113,8 @@ class TrainConfig:
 
     # What a checkpoint written before a setting existed was trained with, so that it resumes as it ran.
     LEGACY_DEFAULTS = {"masking": "independent", "loss_norm": "maskable", "sparse_head": False}
+    # What a resumed run takes from the command instead of its checkpoint: none of it changes what is trained.
+    RESUME_OVERRIDES = ("steps", "snapshots")
 
     def loss_spec(self, layout, attributes: AttributeSwaps | None = None) -> LossSpec:
         """The step's loss; ``attributes``: the caption swaps of the critic's negatives (None: code swaps only)."""
@@ -798,7 +800,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-audio-seconds", type=float, default=TrainConfig.max_audio_seconds,
                         help="longest audio a sample keeps (the audio segment's length)")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (its config wins, "
-                                                              "except --steps)")
+                                                              "except --steps and --snapshots)")
 
 
 def _step_list(text: str) -> list[int]:
