@@ -234,7 +234,9 @@ def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scor
 
     _, targets = parse_direction(direction)
     summary = {"n": len(scores), "forward_passes": float(np.mean([r.forward_passes for r in results])),
-               "wall_s_per_sample": wall, "sampler": effective_settings(results)}
+               "wall_s_per_sample": wall, "sampler": effective_settings(results),
+               # per case, in case order: 1 right, 0 wrong, None not judged (for paired comparisons of two runs)
+               "verdicts": verdicts_of([s.get("correct", s.get("consistent")) for s in scores])}
     kinds = sorted({c.kind for c in cases}) if direction != "joint" else []
     for kind in [None, *kinds]:
         chosen = [i for i, c in enumerate(cases) if kind is None or c.kind == kind]
@@ -316,6 +318,51 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
             "_samples": samples}
 
 
+def compare_reports(reference: dict, candidate: dict) -> dict:
+    """Per direction both ``eval.json`` reports hold: each accuracy and the paired difference (candidate minus
+    reference, 95% bootstrap interval) over the same cases. Refused when the reports did not judge the same cases
+    (data, split, cases per data set, seed) or predate per-case verdicts."""
+    same = ("data", "split", "n_per_data_set", "seed")
+    differ = [k for k in same if reference.get(k) != candidate.get(k)]
+    if differ:
+        raise InputError(f"the reports judged different cases ({', '.join(differ)} differ: "
+                         f"{[reference.get(k) for k in differ]} vs {[candidate.get(k) for k in differ]}); "
+                         f"run both with the same --data, --split, --n and --seed")
+    rows = {}
+    for direction in [d for d in reference.get("figures", {}) if d in candidate.get("figures", {})]:
+        a, b = reference["figures"][direction], candidate["figures"][direction]
+        if "verdicts" not in a or "verdicts" not in b:
+            raise InputError(f"{direction}: a report has no per-case verdicts (written before they were kept); "
+                             f"run its eval again")
+        if len(a["verdicts"]) != len(b["verdicts"]):
+            raise InputError(f"{direction}: {len(a['verdicts'])} vs {len(b['verdicts'])} cases judged")
+        rows[direction] = {"reference": a.get("accuracy", a.get("consistent")),
+                           "candidate": b.get("accuracy", b.get("consistent")),
+                           "difference": paired_difference(b["verdicts"], a["verdicts"])}
+    if not rows:
+        raise InputError("the reports share no direction")
+    return {"directions": rows, "reference_model": reference.get("model_hash"),
+            "candidate_model": candidate.get("model_hash"), **{k: reference.get(k) for k in same}}
+
+
+def format_comparison(comparison: dict) -> str:
+    lines = [f"{'direction':<13} {'reference':>9} {'candidate':>9} {'paired difference (95% CI)':>34}  verdict"]
+    for direction, row in comparison["directions"].items():
+        diff = row["difference"]
+        if diff is None:
+            lines.append(f"{direction:<13} {_fmt(row['reference']):>9} {_fmt(row['candidate']):>9} "
+                         f"{'-':>34}  no verdicts")
+            continue
+        low, high = diff["ci95"]
+        verdict = "better" if low > 0 else "worse" if high < 0 else "within the noise"
+        lines.append(f"{direction:<13} {_fmt(row['reference']):>9} {_fmt(row['candidate']):>9} "
+                     f"{diff['mean']:>+12.3f} [{low:+.3f}, {high:+.3f}] ({diff['cases']:>4})  {verdict}")
+    lines.append(f"reference model {comparison['reference_model']}, candidate model {comparison['candidate_model']}; "
+                 f"data {comparison['data']}, split {comparison['split']}, n {comparison['n_per_data_set']} per "
+                 f"data set, seed {comparison['seed']}; better / worse: the interval excludes 0")
+    return "\n".join(lines)
+
+
 # ---- reporting ----------------------------------------------------------------------------------------------
 
 
@@ -380,6 +427,7 @@ def _json_default(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-__all__ = ["DIRECTIONS", "EvalCase", "Judges", "caption_correct", "evaluate", "format_table", "joint_consistency",
+__all__ = ["DIRECTIONS", "EvalCase", "Judges", "caption_correct", "compare_reports", "evaluate", "format_comparison",
+           "format_table", "joint_consistency",
            "judge_image", "model_hash", "paired_difference", "parse_direction", "reference_figures", "save_report",
            "score_direction", "shell_hint", "summarize", "verdicts_of"]

@@ -113,6 +113,32 @@ def test_eval_command_end_to_end_is_reproducible(caption_model, tmp_path, capsys
     assert first["model_hash"] == model_hash(caption_model) and first["settings"] == {"steps": 4}
     for name in ("grid_text_to_image.png", "grid_image_to_text.png", "grid_joint.png", "text_to_audio_0.wav"):
         assert (tmp_path / "a" / name).is_file(), name
+    for direction, figure in first["figures"].items():  # per-case verdicts, for paired comparisons
+        assert len(figure["verdicts"]) == figure["n"] and set(figure["verdicts"]) <= {0, 1, None}, direction
+    capsys.readouterr()
+    assert main(["bench", "compare", str(tmp_path / "a"), str(tmp_path / "b" / "eval.json"),
+                 "--out", str(tmp_path / "cmp.json")]) == 0
+    out = capsys.readouterr().out
+    comparison = json.loads((tmp_path / "cmp.json").read_text())
+    assert set(comparison["directions"]) == set(first["figures"]) and "paired difference" in out
+    assert all(r["difference"] is None or r["difference"]["mean"] == 0 for r in comparison["directions"].values())
+
+
+def test_compare_refuses_reports_of_different_cases(tmp_path, capsys):
+    from unimodal.inference.evaluate import compare_reports
+
+    figure = {"accuracy": 0.5, "verdicts": [1, 0]}
+    base = {"figures": {"text->image": figure}, "data": "scenes", "split": "test", "n_per_data_set": 2, "seed": 0}
+    better = {**base, "figures": {"text->image": {"accuracy": 1.0, "verdicts": [1, 1]}}}
+    row = compare_reports(base, better)["directions"]["text->image"]
+    assert row["difference"]["mean"] == 0.5 and (row["reference"], row["candidate"]) == (0.5, 1.0)
+    with pytest.raises(InputError, match="seed differ"):
+        compare_reports(base, {**better, "seed": 1})
+    with pytest.raises(InputError, match="no per-case verdicts"):
+        compare_reports(base, {**better, "figures": {"text->image": {"accuracy": 1.0}}})
+    (tmp_path / "x.json").write_text("[]")
+    assert main(["bench", "compare", str(tmp_path / "x.json"), str(tmp_path / "x.json")]) == 2
+    assert "not an eval.json" in capsys.readouterr().err
 
 
 def test_eval_semi_ar_flags_reach_the_sampler(caption_model, tmp_path, capsys):

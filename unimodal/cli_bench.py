@@ -150,10 +150,11 @@ def add_bench_commands(sub) -> None:
     train.add_argument("--json", default=None)
     train.set_defaults(func=_cmd_bench_train)
     _add_bench_sample_command(bench)
-    from unimodal.cli_eval import add_data_efficiency_command, add_versus_ar_command
+    from unimodal.cli_eval import add_compare_command, add_data_efficiency_command, add_versus_ar_command
 
     add_versus_ar_command(bench)
     add_data_efficiency_command(bench)
+    add_compare_command(bench)
     from unimodal.recipe import add_recipe_command
 
     add_recipe_command(bench)

@@ -169,4 +169,44 @@ def add_data_efficiency_command(bench) -> None:
     de.set_defaults(func=_cmd_data_efficiency)
 
 
-__all__ = ["add_data_efficiency_command", "add_eval_command", "add_versus_ar_command"]
+def _read_report(name: str) -> dict:
+    from unimodal.core.errors import InputFileError
+    from unimodal.core.paths import user_path
+
+    path = user_path(name, "report", InputFileError)
+    if path.is_dir():
+        path = path / "eval.json"
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise InputFileError(f"{name!r} is not a readable eval.json (or a folder holding one): {error}") from None
+    if not isinstance(report, dict) or "figures" not in report:
+        raise InputFileError(f"{name!r} is not an eval.json of unimodal eval (no 'figures')")
+    return report
+
+
+def _cmd_compare(args) -> int:
+    """Two eval reports of the same cases, direction by direction, paired."""
+    from unimodal.core.paths import atomic_write
+    from unimodal.inference.evaluate import compare_reports, format_comparison
+
+    comparison = compare_reports(_read_report(args.reference), _read_report(args.candidate))
+    print(format_comparison(comparison))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, lambda temporary: temporary.write_text(json.dumps(comparison, indent=2) + "\n"))
+        print(out)
+    return 0
+
+
+def add_compare_command(bench) -> None:
+    sub = bench.add_parser("compare", help="two unimodal eval reports of the same cases (e.g. the shipped model and "
+                                           "a candidate), direction by direction: paired difference, 95% interval")
+    sub.add_argument("reference", help="eval.json (or its folder) of the reference, e.g. the shipped model")
+    sub.add_argument("candidate", help="eval.json (or its folder) of the model to compare with it")
+    sub.add_argument("--out", default=None, help="also write the comparison here (.json)")
+    sub.set_defaults(func=_cmd_compare)
+
+
+__all__ = ["add_compare_command", "add_data_efficiency_command", "add_eval_command", "add_versus_ar_command"]
