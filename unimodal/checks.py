@@ -191,9 +191,10 @@ def _int_setting(name: str, value, low: int) -> int:
     return value
 
 
-def _bounded_int(name: str, value, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise SettingError(f"{name} must be an int from {low} to {high}, got {value!r}")
+def check_candidates(value) -> int:
+    """Draws of one request (generate) or regenerations of one region (edit), the best kept: 1 .. MAX_CANDIDATES."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CANDIDATES:
+        raise SettingError(f"candidates must be an int from 1 to {MAX_CANDIDATES}, got {value!r}")
     return value
 
 
@@ -224,7 +225,7 @@ _SETTING_CHECKS = {
     "top_k": lambda v: _int_setting("top_k", v, 0),
     "block_length": lambda v: _int_setting("block_length", v, 1),
     "max_text_tokens": lambda v: _int_setting("max_text_tokens", v, 1),
-    "candidates": lambda v: _bounded_int("candidates", v, 1, MAX_CANDIDATES),
+    "candidates": check_candidates,
     "seed": lambda v: check_seed(v, error=SettingError),
     "mode": lambda v: _choice_setting("mode", v, MODES),
     "schedule": lambda v: _choice_setting("schedule", v, SCHEDULES),

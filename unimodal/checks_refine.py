@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from numbers import Real
 from pathlib import Path
 
-from unimodal.checks import (MAX_CANDIDATES, _SETTING_CHECKS, _bounded_int, _int_setting, _readable_file,
-                             _real_setting, check_audio_file, check_image_file, check_text, check_writable)
+from unimodal.checks import (_SETTING_CHECKS, _int_setting, _readable_file, _real_setting, check_audio_file,
+                             check_candidates, check_image_file, check_text, check_writable)
 from unimodal.core.errors import EmptyInputError, InputError, InputFileError, OutputPathError, SettingError
 from unimodal.core.instructions import parse_instruction, require_fits
 from unimodal.core.paths import OUTPUT_SUFFIXES, user_path
@@ -101,7 +101,7 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
               "threshold": lambda v: _real_setting("threshold", v, "in [0, 1]", lambda x: 0 <= x <= 1),
               "rounds": lambda v: _int_setting("rounds", v, 1),
               "budget": lambda v: _int_setting("budget", v, 1),
-              "candidates": lambda v: _bounded_int("candidates", v, 1, MAX_CANDIDATES),
+              "candidates": check_candidates,
               "patience": lambda v: _int_setting("patience", v, 1),
               "evaluator": _evaluator,
               "regions": lambda v: check_regions(v, modality)}

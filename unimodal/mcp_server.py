@@ -42,7 +42,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from unimodal.checks import check_request
+from unimodal.checks import MAX_CANDIDATES, check_request
 from unimodal.checks_refine import check_refine_request
 from unimodal.core.errors import MissingDependencyError, OutputPathError, UnimodalError
 from unimodal.core.paths import user_path
@@ -126,9 +126,10 @@ def generate_tool(runner: Runner):
         seed: Annotated[int | None, Field(ge=0, lt=SEED_LIMIT, description="same seed, same output; null: fresh")] = 0,
         max_text_tokens: Annotated[int | None, Field(ge=1, description="cap on generated text tokens")] = None,
         max_audio_seconds: Annotated[float | None, Field(gt=0, description="cap on generated audio")] = None,
-        candidates: Annotated[int | None, Field(ge=1, le=64, description="draw this many and keep the one that "
-                                                                         "agrees best with the input, read back by "
-                                                                         "the model")] = None,
+        candidates: Annotated[int | None, Field(
+            ge=1, le=MAX_CANDIDATES,
+            description="draw this many and keep the one that agrees best with the input, read back by the "
+                        "model")] = None,
     ) -> list:
         request = {key: value for key, value in locals().items() if key != "runner"}
         with _answering():
@@ -295,9 +296,10 @@ def edit_tool(runner: Runner):
                                                      "Default: under the server's output folder")] = None,
         trace: Annotated[str | None, Field(description="an instructed edit: also write its plan and verdict "
                                                        "here (.json)")] = None,
-        candidates: Annotated[int, Field(ge=1, le=64, description="regenerate the region this many times and keep "
-                                                                  "the one that agrees best with the description, "
-                                                                  "read back by the model")] = 1,
+        candidates: Annotated[int, Field(
+            ge=1, le=MAX_CANDIDATES,
+            description="regenerate the region this many times and keep the one that agrees best with the "
+                        "description, read back by the model")] = 1,
         seed: Seed = 0,
     ) -> list:
         with _answering():

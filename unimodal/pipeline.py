@@ -47,7 +47,7 @@ from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel
 from unimodal.tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
 from unimodal.tokenizers_mm.text import TextCodec
 from unimodal.tokenizers_mm.vocoder import MelVocoder
-from unimodal.checks import MAX_CANDIDATES, check_model_folder, check_not_both, check_to
+from unimodal.checks import check_candidates, check_model_folder, check_not_both, check_to
 from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
 from unimodal.core.paths import resolve_model_dir
@@ -219,9 +219,7 @@ class UniModal(DiffusionPipeline):
                        max_audio_seconds=max_audio_seconds)
         sampling = dict(steps=steps, mode=mode, tau=tau, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
                         **settings)
-        if isinstance(candidates, bool) or not isinstance(candidates, int) or not 1 <= candidates <= MAX_CANDIDATES:
-            raise SettingError(f"candidates must be an int from 1 to {MAX_CANDIDATES}, got {candidates!r}")
-        if candidates == 1:
+        if check_candidates(candidates) == 1:
             return self.generate_batch([request], seed=seed, progress=progress, **sampling)[0]
         return self._best_of(request, candidates, seed, progress, sampling)
 
@@ -241,14 +239,12 @@ class UniModal(DiffusionPipeline):
         seed = fresh_seed() if seed is None else check_seed(seed, error=SettingError)
         draws = self.generate_batch([dict(request, seed=seed + k) for k in range(candidates)], progress=progress,
                                     **sampling)
-        scores = []
         with self._lock:
-            for draw in draws:
-                score, calls = agreement_score(self.backbone, self.layout, draft_of(self, draw, inputs))
-                scores.append(score)
+            read = [agreement_score(self.backbone, self.layout, draft_of(self, draw, inputs)) for draw in draws]
+        scores = [score for score, _ in read]
         kept = max(range(candidates), key=scores.__getitem__)
         best = draws[kept]
-        best.forward_passes = sum(d.forward_passes for d in draws) + calls * candidates
+        best.forward_passes = sum(d.forward_passes for d in draws) + sum(calls for _, calls in read)
         best.settings = {**best.settings, "candidates": {"n": candidates, "kept": kept, "seeds": [seed + k for k in
                          range(candidates)], "agreement": [round(v, 6) for v in scores]}}
         return best

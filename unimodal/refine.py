@@ -29,7 +29,7 @@ from unimodal.inference.critique import (Draft, agreement_score, flagged, make_c
 from unimodal.inference.refine import RefineConfig, regenerate
 from unimodal.inference.refine import refine as refine_draft
 from unimodal.tokenizers_mm.layout import MODALITIES
-from unimodal.checks import MAX_CANDIDATES
+from unimodal.checks import check_candidates
 from unimodal.core.errors import InputError, SettingError
 from unimodal.core.grammar import POSITIONS, SIZES, parse_scene_caption, scenes_equal
 from unimodal.inputs import as_audio, as_image, as_text
@@ -302,8 +302,7 @@ def edit(pipe, content, region: Mapping | Sequence[Mapping], text=None, image=No
     agrees best with the description, read back by the same model
     (:func:`unimodal.inference.critique.agreement_score`, one model call each); the result's settings say
     which was kept and every candidate's score."""
-    if isinstance(candidates, bool) or not isinstance(candidates, int) or not 1 <= candidates <= MAX_CANDIDATES:
-        raise SettingError(f"candidates must be an int from 1 to {MAX_CANDIDATES}, got {candidates!r}")
+    check_candidates(candidates)
     result = as_result(pipe, content, modality)
     regions = [region] if isinstance(region, Mapping) else list(region)
     with pipe._lock:
