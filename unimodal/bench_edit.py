@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from unimodal.checks_refine import REGION_KEYS
 from unimodal.core.errors import InputError, OutputPathError
 from unimodal.core.grammar import COLORS
 from unimodal.core.media import SAMPLE_RATE
@@ -58,10 +59,6 @@ def edit_instruction(truth: dict, k: int, modality: str = "image") -> str:
     return f"make the {ref} {new}"
 
 
-def _content(case, modality: str):
-    return {"image": case.image, "audio": (case.audio, SAMPLE_RATE), "text": case.text}[modality]
-
-
 def _target_scene(truth: dict, instruction: str, modality: str) -> dict:
     """The scene the instruction asks for, from the case's truth (what the judges compare the edit with)."""
     from unimodal.core.instructions import apply_instruction, parse_instruction
@@ -94,12 +91,12 @@ def _judge(judge, modality: str, content, scene: dict) -> tuple[bool, bool]:
 def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modality: str = "image") -> dict:
     """One case's row: the instruction, the judge's and the self-check's verdicts, codes changed, passes."""
     instruction = edit_instruction(case.truth, k, modality)
+    source = getattr(case, modality)  # the case's picture, clip or caption
     row = {"case": k, "caption": case.text, "objects": len(case.truth["objects"]), "instruction": instruction,
-           "seed": seed + k,
-           "source_judged_right": _judge(judge, modality, _content_of(case, modality), case.truth)[0]}
+           "seed": seed + k, "source_judged_right": _judge(judge, modality, source, case.truth)[0]}
     start = time.perf_counter()
     try:
-        edited, trace = pipe.edit(_content(case, modality), instruction=instruction,
+        edited, trace = pipe.edit((source, SAMPLE_RATE) if modality == "audio" else source, instruction=instruction,
                                   text=None if modality == "text" else case.text, seed=seed + k,
                                   candidates=candidates, modality=modality)
     except InputError as error:  # the plan refused it: counted as not right, said why
@@ -108,20 +105,14 @@ def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modalit
                 "seconds": round(time.perf_counter() - start, 2)}
     plan = trace["plan"]
     target = plan.get("target_attributes") or _target_scene(case.truth, instruction, modality)
-    output = {"image": edited.image, "audio": edited.audio, "text": edited.text}[modality]
-    right, colour = _judge(judge, modality, output, target)
-    region_key = {"image": "box", "audio": "seconds", "text": "chars"}[modality]
+    right, colour = _judge(judge, modality, getattr(edited, modality), target)
+    region_key = next(key for key, kind in REGION_KEYS.items() if kind == modality)
     return {**row, "target": plan["target"], "judged_right": right, "colour_right": colour,
             "verdict": bool(trace["check"]["parses_to_target"]), "read_back": trace["check"]["read_back"],
             "outside_changed": trace["tokens_changed"]["outside"], "inside": trace["tokens_changed"]["inside"],
             "regions": [r[region_key] for r in plan["regions"]], "located_by": plan["located_by"],
             "passes": trace["forward_passes"], "candidates": plan.get("candidates"),
             "seconds": round(time.perf_counter() - start, 2)}
-
-
-def _content_of(case, modality: str):
-    """What the source is judged on: the picture, the clip (transcribed) or the caption."""
-    return {"image": case.image, "audio": case.audio, "text": case.text}[modality]
 
 
 def summarise(rows: Sequence[dict]) -> dict:

@@ -92,22 +92,23 @@ def _best_of(pipe, cases, base, judges, best_of: int, seed: int, groups: int, ba
     return rows
 
 
-def _agreement(pipe, case, result) -> float:
-    """How likely the model finds the case's caption when it reads the picture (one call, no guidance)."""
+def _draft(pipe, case, result):
+    """The picture drawn for ``case`` as a draft conditioned on its caption."""
     import torch
 
-    draft = make_draft(pipe.layout, [("text", pipe.text_codec.encode_one(case.text))],
-                       {"image": torch.tensor(result.token_ids["image"])})
-    return agreement_score(pipe.backbone, pipe.layout, draft)[0]
+    return make_draft(pipe.layout, [("text", pipe.text_codec.encode_one(case.text))],
+                      {"image": torch.tensor(result.token_ids["image"])})
+
+
+def _agreement(pipe, case, result) -> float:
+    """How likely the model finds the case's caption when it reads the picture (one call, no guidance)."""
+    return agreement_score(pipe.backbone, pipe.layout, _draft(pipe, case, result))[0]
 
 
 def _confidence(pipe, case, result, groups: int) -> float:
     """The draft's confidence score, read with the guidance it was sampled with."""
-    import torch
-
-    draft = make_draft(pipe.layout, [("text", pipe.text_codec.encode_one(case.text))],
-                       {"image": torch.tensor(result.token_ids["image"])})
-    scores, _ = confidence_scores(pipe.backbone, pipe.layout, draft, groups, result.settings.get("cfg"))
+    scores, _ = confidence_scores(pipe.backbone, pipe.layout, _draft(pipe, case, result), groups,
+                                  result.settings.get("cfg"))
     return sample_score(scores)
 
 
@@ -387,7 +388,7 @@ def plot_refine(reports: Sequence[dict], path) -> "Path":
     axis.set_prop_cycle(color=[c for k, c in enumerate(palette) if k != 7])  # the 8th is grey, as the oracle
     base = reports[0]["refine"][next(iter(reports[0]["refine"]))]["rounds"][0]
     axis.plot([base["forward_passes"]], [base["accuracy"]], "ks", label="no refine")
-    seen = set()
+    seen, oracle_drawn = set(), False
     for report in reports:
         options = report.get("options") or {}
         tag = f"kept by {options.get('evaluator', 'critic')}" + (f", patience {options['patience']}"
@@ -406,8 +407,8 @@ def plot_refine(reports: Sequence[dict], path) -> "Path":
             seen.add(key)
             axis.plot([r["forward_passes"] for r in rows], [r["accuracy"] for r in rows], "--^", markersize=4,
                       label=f"best-of-N, kept by {selector}")
-            if ("oracle",) not in seen:
-                seen.add(("oracle",))
+            if not oracle_drawn:
+                oracle_drawn = True
                 axis.plot([r["forward_passes"] for r in rows], [r["oracle_accuracy"] for r in rows], ":",
                           color="black", alpha=0.6, label="any of N right (a perfect selector)")
     axis.set_xlabel("forward passes per picture (mean)")
