@@ -35,10 +35,7 @@ def test_speech_and_caption_instructions_replace_the_first_objects_colour_word()
 def test_caption_edits_are_spliced_and_judged_by_the_grammar(tiny_caption_model_dir, tmp_path, capsys):
     """A caption edit needs no model call: the word is spliced in, every other token kept, and the edited caption
     states the target scene (on any model, the tiny random one included)."""
-    code, out, err = run(capsys, "bench", "edit", "--model", tiny_caption_model_dir, "--n", "3", "--modality",
-                         "text", "--out", tmp_path / "bench")
-    assert code == 0, err
-    report = json.loads((tmp_path / "bench" / "bench_edit.json").read_text())
+    report, out = bench_edit(capsys, tiny_caption_model_dir, tmp_path / "bench", "--n", "3", "--modality", "text")
     assert report["modality"] == "text" and report["sampler"] == {}
     summary = report["summary"]["all"]
     assert summary["judged_right"] == summary["source_judged_right"] == 3 and summary["outside_changed"] == 0
@@ -48,10 +45,7 @@ def test_caption_edits_are_spliced_and_judged_by_the_grammar(tiny_caption_model_
 
 def test_speech_edits_run_through_the_speech_judge(tiny_caption_model_dir, tmp_path, capsys):
     pytest.importorskip("faster_whisper")
-    code, out, err = run(capsys, "bench", "edit", "--model", tiny_caption_model_dir, "--n", "1", "--modality",
-                         "audio", "--out", tmp_path / "bench")
-    assert code == 0, err
-    report = json.loads((tmp_path / "bench" / "bench_edit.json").read_text())
+    report, out = bench_edit(capsys, tiny_caption_model_dir, tmp_path / "bench", "--n", "1", "--modality", "audio")
     row = report["rows"][0]
     assert report["modality"] == "audio" and set(report["sampler"]) == {"regeneration", "read_back"}
     assert row.get("refused") or (row["outside_changed"] == 0 and len(row["regions"][0]) == 2)
@@ -77,12 +71,16 @@ def run(capsys, *argv):
     return code, out, err
 
 
+def bench_edit(capsys, model, folder, *flags):
+    """``unimodal bench edit`` that must succeed: its report (``folder/bench_edit.json``) and what it printed."""
+    code, out, err = run(capsys, "bench", "edit", "--model", model, *flags, "--out", folder)
+    assert code == 0, err
+    return json.loads((folder / "bench_edit.json").read_text()), out
+
+
 def test_bench_edit_command_prints_the_table_and_writes_every_row(tiny_caption_model_dir, tmp_path, capsys):
     pytest.importorskip("cv2")
-    code, out, err = run(capsys, "bench", "edit", "--model", tiny_caption_model_dir, "--n", "2", "--seed", "3",
-                         "--out", tmp_path / "bench")
-    assert code == 0, err
-    report = json.loads((tmp_path / "bench" / "bench_edit.json").read_text())
+    report, out = bench_edit(capsys, tiny_caption_model_dir, tmp_path / "bench", "--n", "2", "--seed", "3")
     assert report["n"] == 2 and report["seed"] == 3 and report["split"] == "test" and len(report["model_hash"]) == 16
     assert set(report["summary"]) == {"all", "one object", "pairs"}
     assert {"judged_right", "colour_right", "verdict", "source_judged_right", "outside_changed",
@@ -98,10 +96,7 @@ def test_bench_edit_command_prints_the_table_and_writes_every_row(tiny_caption_m
 
 def test_bench_edit_with_candidates_records_each_cases_choice(tiny_caption_model_dir, tmp_path, capsys):
     pytest.importorskip("cv2")
-    code, out, err = run(capsys, "bench", "edit", "--model", tiny_caption_model_dir, "--n", "1", "--candidates", "2",
-                         "--out", tmp_path / "bench")
-    assert code == 0, err
-    report = json.loads((tmp_path / "bench" / "bench_edit.json").read_text())
+    report, out = bench_edit(capsys, tiny_caption_model_dir, tmp_path / "bench", "--n", "1", "--candidates", "2")
     assert report["candidates"] == 2 and "2 candidate(s) per edit" in out
     row = report["rows"][0]
     assert row.get("refused") or (row["candidates"]["candidates"] == 2 and len(row["candidates"]["agreement"]) == 2)

@@ -21,6 +21,7 @@ picture; the model never sees it. The cases arrive ready-made (``inference/`` do
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -372,12 +373,10 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_refine(reports: Sequence[dict], path) -> "Path":
+def plot_refine(reports: Sequence[dict], path) -> Path:
     """Judged accuracy against mean forward passes per picture: no refine, every refine run round by round (one
     line per critic and evaluator), best-of-N per selector, and the share where any of N pictures is right (the
     best a selector could do). Several reports of the same cases and seeds go on one figure."""
-    from pathlib import Path
-
     import matplotlib
 
     matplotlib.use("Agg")

@@ -25,6 +25,27 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
 
 
+def read_report(name: str, what: str, required: tuple[str, ...], default_file: str | None = None) -> dict:
+    """A JSON report a bench wrote (``default_file`` inside ``name`` when it is a folder), refused with an
+    ``InputFileError`` naming it when it cannot be read or lacks a ``required`` key."""
+    import json
+
+    from unimodal.core.errors import InputFileError
+    from unimodal.core.paths import user_path
+
+    path = user_path(name, "report", InputFileError)
+    if default_file and path.is_dir():
+        path = path / default_file
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise InputFileError(f"{name!r} cannot be read as {what}: {error}") from None
+    missing = [key for key in required if not isinstance(report, dict) or key not in report]
+    if missing:
+        raise InputFileError(f"{name!r} is not {what} (no {' and '.join(repr(k) for k in missing)})")
+    return report
+
+
 def number_list(kind):
     """An argparse type: comma-separated numbers of ``kind`` (``"4,8,16"`` -> ``[4, 8, 16]``)."""
     def parse(value: str):

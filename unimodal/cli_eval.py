@@ -169,28 +169,15 @@ def add_data_efficiency_command(bench) -> None:
     de.set_defaults(func=_cmd_data_efficiency)
 
 
-def _read_report(name: str) -> dict:
-    from unimodal.core.errors import InputFileError
-    from unimodal.core.paths import user_path
-
-    path = user_path(name, "report", InputFileError)
-    if path.is_dir():
-        path = path / "eval.json"
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise InputFileError(f"{name!r} is not a readable eval.json (or a folder holding one): {error}") from None
-    if not isinstance(report, dict) or "figures" not in report:
-        raise InputFileError(f"{name!r} is not an eval.json of unimodal eval (no 'figures')")
-    return report
-
-
 def _cmd_compare(args) -> int:
     """Two eval reports of the same cases, direction by direction, paired."""
+    from unimodal.cli_common import read_report
     from unimodal.core.paths import atomic_write
     from unimodal.inference.evaluate import compare_reports, format_comparison
 
-    comparison = compare_reports(_read_report(args.reference), _read_report(args.candidate))
+    reports = [read_report(name, "an eval.json of unimodal eval (or a folder holding one)", ("figures",), "eval.json")
+               for name in (args.reference, args.candidate)]
+    comparison = compare_reports(*reports)
     print(format_comparison(comparison))
     if args.out:
         out = Path(args.out)

@@ -193,18 +193,10 @@ def _cmd_bench_refine(args) -> int:
 def _cmd_bench_refine_plot(args) -> int:
     """Several ``bench refine`` reports of the same cases on one figure."""
     from unimodal.bench_refine import plot_refine
+    from unimodal.cli_common import read_report
 
-    reports = []
-    for name in args.reports:
-        path = user_path(name, "report", InputFileError)
-        try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError) as error:
-            raise InputFileError(f"report {name!r} is not a readable bench_refine.json: {error}") from None
-        if not isinstance(report, dict) or "refine" not in report or "best_of" not in report:
-            raise InputFileError(f"report {name!r} is not a text->image bench_refine.json (no 'refine' and "
-                                 f"'best_of'; --corrupt and --mistakes reports have no curves)")
-        reports.append(report)
+    what = "a text->image bench_refine.json (--corrupt and --mistakes reports have no curves)"
+    reports = [read_report(name, what, ("refine", "best_of")) for name in args.reports]
     if len({(r["n"], r["seed"], r.get("split")) for r in reports}) > 1:
         raise InputError("the reports measure different cases (n, seed or split differ); one figure compares "
                          "methods on the same cases")
@@ -364,8 +356,8 @@ def add_bench_edit_command(bench) -> None:
     sub = _scene_bench(bench, "edit", "instructed picture edits (\"make the circle blue\") on real test scenes, "
                                       "judged by the scene judge, with forward passes (needs unimodal[eval])")
     sub.add_argument("--seed", type=int, default=0, help="case k's edit uses seed + k")
-    sub.add_argument("--candidates", type=int, default=1, help="regenerations per edit, the one whose picture "
-                     "makes the target caption likeliest (read back by the model) kept (1)")
+    sub.add_argument("--candidates", type=int, default=1, help="regenerations per edit, the "
+                     "one whose picture makes the target caption likeliest (read back by the model) kept (1)")
     sub.add_argument("--modality", default="image", choices=["image", "audio", "text"], help="edit the pictures "
                      "(default), the spoken captions (\"say 'blue' instead of 'red'\", judged through Whisper) or "
                      "the captions (\"replace 'red' by 'blue'\")")

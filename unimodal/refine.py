@@ -15,7 +15,6 @@ with pictures a person can read (a heat map over the image, a score curve under 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
