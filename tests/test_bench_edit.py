@@ -103,6 +103,9 @@ def test_bench_edit_with_candidates_records_each_cases_choice(tiny_caption_model
     code, _, err = run(capsys, "bench", "edit", "--model", tiny_caption_model_dir, "--candidates", "0",
                        "--out", tmp_path / "b2")
     assert code == 2 and "--candidates" in err
+    code, _, err = run(capsys, "bench", "edit", "--model", tiny_caption_model_dir, "--candidates", "65",
+                       "--out", tmp_path / "b3")
+    assert code == 2 and "at most 64" in err and not (tmp_path / "b3").exists()  # before any case is edited
 
 
 def test_bench_edit_refuses_bad_input_before_the_model_loads(tiny_caption_model_dir, tmp_path, capsys, monkeypatch):

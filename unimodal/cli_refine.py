@@ -207,13 +207,14 @@ def _cmd_bench_refine_plot(args) -> int:
 
 def _cmd_bench_edit(args) -> int:
     """Every refusal (n, split, seed, --out, a missing judge) before the model loads or a case is drawn."""
-    from unimodal.checks import check_writable
+    from unimodal.checks import MAX_CANDIDATES, check_writable
     from unimodal.core.seeds import check_seed
 
     if args.n < 1:
         raise InputError(f"--n must be a positive number of cases, got {args.n}")
-    if args.candidates < 1:
-        raise InputError(f"--candidates must be a positive number of regenerations, got {args.candidates}")
+    if not 1 <= args.candidates <= MAX_CANDIDATES:  # refused here, not once per case after the model loads
+        raise InputError(f"--candidates must be a positive number of regenerations, at most {MAX_CANDIDATES}, got "
+                         f"{args.candidates}")
     check_seed(args.seed, "--seed")
     out = user_path(args.out, "--out", OutputPathError)
     check_writable(out, is_folder=True)  # a file, or a folder that takes no new file, is refused here
