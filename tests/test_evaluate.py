@@ -170,6 +170,10 @@ def test_eval_with_candidates_judges_the_kept_draw(caption_model, tmp_path, caps
     assert report["settings"] == {"steps": 2, "candidates": 2} and seen == [2, 2]
     assert main(args[:8] + ["joint", "--joint-n", "2"] + args[9:]) == 0
     assert seen == [2, 2]  # joint reads no input: sampled in batches as usual, not through generate(candidates)
+    seen.clear()
+    bad = args[:-2] + ["--candidates", "0", "--out", str(tmp_path / "bad")]
+    assert main(bad) == 2 and seen == [] and not (tmp_path / "bad").exists()  # refused before any case is drawn
+    assert "candidates must be an int from 1 to 64" in capsys.readouterr().err
 
 
 def _same_but_time(a, b):

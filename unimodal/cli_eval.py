@@ -6,12 +6,14 @@ import json
 import sys
 from pathlib import Path
 
-from unimodal.checks import SETTING_KEYS
+from unimodal.checks import SETTING_KEYS, check_settings
 from unimodal.core.errors import InputError
 
 def _settings(args) -> dict:
-    """The sampler settings given on the command line (the seed is the evaluation's own, per request)."""
-    return {key: getattr(args, key) for key in SETTING_KEYS if key != "seed" and getattr(args, key, None) is not None}
+    """The sampler settings given on the command line (the seed is the evaluation's own, per request), checked
+    as a generate request's are (before any model loads)."""
+    return check_settings({key: getattr(args, key) for key in SETTING_KEYS
+                           if key != "seed" and getattr(args, key, None) is not None})
 
 
 def _directions(text: str, known) -> list[str]:
@@ -28,13 +30,13 @@ def _cmd_eval(args) -> int:
     from unimodal.serve import load_pipeline, resolve_model_dir
 
     directions = _directions(args.directions, DIRECTIONS)
+    settings = _settings(args)
     model_dir = resolve_model_dir(args.model)
     pipe = load_pipeline(model_dir, args.device)
     needs_speech = any("audio" in d or d == "joint" for d in directions)
     cases, notes = load_cases(args.data, args.split, args.n, speech=needs_speech)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    settings = _settings(args)
     report = evaluate(pipe, cases, directions, settings, seed=args.seed, batch_size=args.batch_size,
                       on_direction=lambda d, f: print(f"done: {d}", file=sys.stderr, flush=True),
                       joint_n=args.joint_n)
