@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,19 +155,30 @@ def eval_requests(direction: str, cases: Sequence[EvalCase], seed: int) -> list[
     return requests
 
 
+def candidates_used(pipe, direction: str, settings: Mapping) -> int:
+    """Draws per case for ``direction``: the ``candidates`` setting, except 1 for the joint direction (it reads no
+    input to agree with) and for a direction sampled greedily (temperature 0 and no choice noise, the default
+    for text: every draw would be the same)."""
+    candidates = settings.get("candidates") or 1
+    if candidates == 1 or direction == "joint":
+        return 1
+    sampling = {k: v for k, v in settings.items() if k != "candidates"}
+    return candidates if pipe.draws_differ(list(parse_direction(direction)[1]), **sampling) else 1
+
+
 def generate_direction(pipe, direction: str, cases: Sequence[EvalCase], settings: dict, seed: int,
                        batch_size: int = 16, progress: bool = True) -> tuple[list, float]:
     """The outputs for every case (request i seeded ``seed + i``) and the wall time per sample. A ``candidates``
     setting (> 1) draws that many per case (seeds ``seed + i``, ``seed + i + 1``, ...) and keeps the one the model
-    reads back best (``UniModal.generate(candidates=)``), case by case; the joint direction reads no input, so it
-    is sampled as usual."""
+    reads back best (``UniModal.generate(candidates=)``), case by case, where :func:`candidates_used` says so."""
     from tqdm.auto import tqdm
 
     settings = dict(settings)
-    candidates = settings.pop("candidates", 1)
+    candidates = candidates_used(pipe, direction, settings)
+    settings.pop("candidates", None)
     requests = eval_requests(direction, cases, seed)
     results, start = [], time.perf_counter()
-    if candidates > 1 and direction != "joint":
+    if candidates > 1:
         for request in tqdm(requests, desc=f"{direction} (best of {candidates})", disable=not progress, leave=False):
             results.append(pipe.generate(**request, candidates=candidates, **settings))
     else:
@@ -309,6 +320,8 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
         results, wall = generate_direction(pipe, direction, usable, settings, seed, batch_size, progress)
         scores = score_direction(direction, usable, results, judges)
         figures[direction] = summarize(direction, usable, results, scores, wall)
+        if (settings.get("candidates") or 1) > 1:
+            figures[direction]["candidates"] = candidates_used(pipe, direction, settings)
         samples[direction] = (usable, results, scores)
         if on_direction is not None:
             on_direction(direction, figures[direction])

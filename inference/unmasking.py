@@ -100,6 +100,13 @@ class SamplerConfig:
             raise InputError(f"SamplerConfig.use_cache must be a bool, got {self.use_cache!r}")
         object.__setattr__(self, "cfg", _checked_cfg(self.cfg))
 
+    @property
+    def random(self) -> bool:
+        """Whether the seed changes the output: a drawn token (``temperature`` > 0) or a noisy commit order
+        (``choice_temperature`` > 0). False (greedy tokens, committed by confidence): every seed gives the same
+        tokens, so drawing several candidates of one request would draw the same one several times."""
+        return self.temperature > 0 or self.choice_temperature > 0
+
 
 def _check_int(name: str, value, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:

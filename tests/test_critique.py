@@ -342,6 +342,8 @@ def test_an_edit_with_candidates_keeps_the_one_that_agrees_best(pipe, image_resu
         pipe.edit(image_result, region, text="a blue square", candidates=0)
     with pytest.raises(InputError, match="new description"):
         pipe.edit(image_result, region, candidates=2)
+    with pytest.raises(SettingError, match="greedy sampling"):  # every regeneration would be the same
+        pipe.edit(image_result, region, text="a blue square", candidates=2, temperature=0, choice_temperature=0)
 
 
 def test_critique_reports_scores_regions_and_pictures(pipe, image_result, tmp_path):

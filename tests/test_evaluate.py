@@ -168,8 +168,16 @@ def test_eval_with_candidates_judges_the_kept_draw(caption_model, tmp_path, caps
     assert main(args) == 0
     report = json.loads((tmp_path / "e" / "eval.json").read_text())
     assert report["settings"] == {"steps": 2, "candidates": 2} and seen == [2, 2]
+    assert report["figures"]["text->image"]["candidates"] == 2
+    seen.clear()  # captions are greedy by default: every draw would be the same, so one draw per case
+    assert main(args[:8] + ["image->text"] + args[9:-1] + [str(tmp_path / "c")]) == 0
+    assert seen == [] and json.loads((tmp_path / "c" / "eval.json").read_text())["figures"]["image->text"]["candidates"] == 1
+    seen.clear()
+    assert main(args[:8] + ["image->text", "--temperature", "0.7"] + args[9:-1] + [str(tmp_path / "d")]) == 0
+    assert seen == [2, 2]
+    seen.clear()
     assert main(args[:8] + ["joint", "--joint-n", "2"] + args[9:]) == 0
-    assert seen == [2, 2]  # joint reads no input: sampled in batches as usual, not through generate(candidates)
+    assert seen == []  # joint reads no input: sampled in batches as usual, not through generate(candidates)
     seen.clear()
     bad = args[:-2] + ["--candidates", "0", "--out", str(tmp_path / "bad")]
     assert main(bad) == 2 and seen == [] and not (tmp_path / "bad").exists()  # refused before any case is drawn

@@ -275,8 +275,14 @@ def test_candidates_keep_the_draw_that_agrees_best_with_the_input(pipe):
     alone = pipe.generate(text="a red circle", to="image", steps=4, seed=5 + chosen["kept"])
     assert alone.token_ids == best.token_ids
     assert best.forward_passes == 3 * alone.forward_passes + 3  # three samplings, three read-backs
-    caption = pipe.generate(image=np.zeros((64, 64, 3), np.uint8), to="text", steps=4, candidates=2)
+    black = np.zeros((64, 64, 3), np.uint8)
+    caption = pipe.generate(image=black, to="text", steps=4, temperature=0.7, candidates=2)
     assert caption.settings["candidates"]["n"] == 2  # any direction with an input
+    assert pipe.draws_differ("image") and not pipe.draws_differ("text") and pipe.draws_differ("text", temperature=0.7)
+    with pytest.raises(SettingError, match="greedy sampling .* draws the same output 2 times; give temperature"):
+        pipe.generate(image=black, to="text", steps=4, candidates=2)  # text is greedy by default: 2 equal draws
+    with pytest.raises(SettingError, match="greedy"):
+        pipe.generate(text="a red circle", to="image", temperature=0, choice_temperature=0, candidates=2)
     with pytest.raises(InputError, match="unconditional"):
         pipe.generate(to="image", steps=4, candidates=2)
     for bad in (0, 65, True, 1.5):

@@ -198,6 +198,14 @@ def check_candidates(value) -> int:
     return value
 
 
+def check_draws_differ(candidates: int, sampler) -> None:
+    """Refuse ``candidates`` > 1 under a ``sampler`` (a SamplerConfig) whose every seed gives the same tokens."""
+    if candidates > 1 and not sampler.random:
+        raise SettingError(f"candidates={candidates} with greedy sampling (temperature 0 and choice_temperature 0, "
+                           f"the default for text) draws the same output {candidates} times; give temperature > 0 "
+                           f"(e.g. 0.7) or choice_temperature > 0, or candidates=1")
+
+
 def _real_setting(name: str, value, accepted: str, ok) -> float:
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or not ok(value):
         raise SettingError(f"{name} must be a number {accepted}, got {value!r}")

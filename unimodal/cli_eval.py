@@ -86,7 +86,8 @@ def add_eval_command(sub) -> None:
     ev.add_argument("--joint-n", type=int, default=64, help="samples of joint generation (from nothing)")
     ev.add_argument("--out", default="eval", help="folder for eval.json, the grids and WAVs")
     ev.add_argument("--candidates", type=int, default=None, help="draw this many per case and keep the one the "
-                    "model reads back best (generate --candidates); joint is sampled as usual")
+                    "model reads back best (generate --candidates); joint, and directions sampled greedily "
+                    "(captions by default), are sampled once")
     _add_sampling_flags(ev, temperature_default=None)
     ev.set_defaults(func=_cmd_eval)
 

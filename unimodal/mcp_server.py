@@ -129,7 +129,7 @@ def generate_tool(runner: Runner):
         candidates: Annotated[int | None, Field(
             ge=1, le=MAX_CANDIDATES,
             description="draw this many and keep the one that agrees best with the input, read back by the "
-                        "model")] = None,
+                        "model; needs temperature > 0 for text (greedy draws are all the same)")] = None,
     ) -> list:
         request = {key: value for key, value in locals().items() if key != "runner"}
         with _answering():

@@ -47,7 +47,7 @@ from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel
 from unimodal.tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
 from unimodal.tokenizers_mm.text import TextCodec
 from unimodal.tokenizers_mm.vocoder import MelVocoder
-from unimodal.checks import check_candidates, check_model_folder, check_not_both, check_to
+from unimodal.checks import check_candidates, check_draws_differ, check_model_folder, check_not_both, check_to
 from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
 from unimodal.core.paths import resolve_model_dir
@@ -236,6 +236,8 @@ class UniModal(DiffusionPipeline):
         if not inputs:
             raise InputError("candidates > 1 keeps the output that agrees best with the inputs; an unconditional "
                              "request has none (give text, image or audio, or candidates=1)")
+        kind = self.scheduler.target_kind(check_to(request["to"]))
+        check_draws_differ(candidates, self._sampler_config(sampling, kind))
         seed = fresh_seed() if seed is None else check_seed(seed, error=SettingError)
         draws = self.generate_batch([dict(request, seed=seed + k) for k in range(candidates)], progress=progress,
                                     **sampling)
@@ -248,6 +250,12 @@ class UniModal(DiffusionPipeline):
         best.settings = {**best.settings, "candidates": {"n": candidates, "kept": kept, "seeds": [seed + k for k in
                          range(candidates)], "agreement": [round(v, 6) for v in scores]}}
         return best
+
+    def draws_differ(self, to: str | Sequence[str] = "image", **settings) -> bool:
+        """Whether two seeds can give different outputs for a request generating ``to`` with these sampling
+        settings (:meth:`generate`'s keywords; None or missing: the defaults for ``to``). False when sampling is
+        greedy (temperature 0, no choice noise: the default for text), where ``candidates`` > 1 is refused."""
+        return self._sampler_config(settings, self.scheduler.target_kind(check_to(to))).random
 
     def generate_batch(self, requests: Sequence[Mapping], progress: bool = False, errors: str = "raise",
                        **settings) -> list[GenerationResult | UnimodalError]:

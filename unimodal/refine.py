@@ -28,7 +28,7 @@ from unimodal.inference.critique import (Draft, agreement_score, flagged, make_c
 from unimodal.inference.refine import RefineConfig, regenerate
 from unimodal.inference.refine import refine as refine_draft
 from unimodal.tokenizers_mm.layout import MODALITIES
-from unimodal.checks import check_candidates
+from unimodal.checks import check_candidates, check_draws_differ
 from unimodal.core.errors import InputError, SettingError
 from unimodal.core.grammar import POSITIONS, SIZES, parse_scene_caption, scenes_equal
 from unimodal.inputs import as_audio, as_image, as_text
@@ -311,6 +311,7 @@ def edit(pipe, content, region: Mapping | Sequence[Mapping], text=None, image=No
                              "give one (text=...)")
         selection = selection_of(pipe.layout, regions, draft, pipe.text_codec)
         kind = pipe.scheduler.target_kind([s.modality for s in draft.target.spans])
+        check_draws_differ(candidates, pipe._sampler_config(settings, kind))
         tried, passes = [], 0
         for k in range(candidates):
             sampler = pipe._sampler_config({**settings, "seed": seed + k}, kind)
