@@ -417,6 +417,34 @@ def test_critique_refine_and_edit_commands(tiny_model_dir, image_result, tmp_pat
     assert code == 2 and "--critic must be one of" in err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["critique", "--out", "heat.gif"], "--out 'heat.gif': a critique of image content writes"),
+    (["refine", "--out", "fixed.wav"], "--out 'fixed.wav': a refine of image content writes image"),
+    (["refine", "--trace", "trace.txt"], "--trace must be a .json file path"),
+    (["refine", "--rounds", "0"], "--rounds must be"),
+    (["refine", "--fraction", "2"], "--fraction must be a number in (0, 1]"),
+    (["edit", "--box", "0,0,16,16", "--prompt", "a blue square"], "--out is required"),
+    (["edit", "--out", "e.png"], "exactly one region"),
+    (["edit", "--box", "0,0,16,16", "--out", "e.png", "--trace", "t.json"], "--trace is written by an instructed edit"),
+    (["edit", "--instruction", "paint it like van gogh", "--out", "e.png"], "paint it like van gogh"),
+    (["edit", "--box", "0,0,16,16", "--instruction", "make it blue", "--out", "e.png"], "not both"),
+    (["edit", "--seconds", "0,1", "--out", "e.png"], "a seconds region is for audio content"),
+])
+def test_critique_refine_and_edit_refuse_bad_flags_before_the_model_loads(tmp_path, capsys, monkeypatch, argv,
+                                                                          message):
+    """The CLI checks its request as the server does: every refusal names the flag, and comes before the model
+    (here a folder that does not exist) is touched or any file is written."""
+    from PIL import Image as PILImage
+
+    PILImage.new("RGB", (64, 64), "white").save(tmp_path / "gen.png")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, argv[0], "--model", tmp_path / "no-model", "--in", tmp_path / "gen.png", *argv[1:])
+    assert code == 2 and message in err and "no-model" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen.png"]
+    code, _, err = run(capsys, argv[0], "--model", tmp_path / "no-model", "--in", tmp_path / "none.png", *argv[1:])
+    assert code == 2 and "--in" in err and "none.png" in err, err
+
+
 def test_bench_refine_command(tiny_codec_dir, tmp_path, capsys):
     pytest.importorskip("cv2")
     model = write_tiny_model(tiny_codec_dir, tmp_path / "model", max_text_len=32)  # scene captions fit
@@ -439,6 +467,26 @@ def test_bench_refine_command(tiny_codec_dir, tmp_path, capsys):
     (tmp_path / "repair.json").write_text(json.dumps({"n": 2, "critics": {}}))
     code, _, err = run(capsys, "bench", "refine-plot", tmp_path / "repair.json", "--out", tmp_path / "x.png")
     assert code == 2 and "no curves" in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--patience", "0"], "--patience must be an int >= 1, got 0"),
+    (["--rounds", "-1"], "--rounds must be an int >= 0"),
+    (["--fraction", "1.5"], "--fraction must be a number in (0, 1]"),
+    (["--threshold", "0"], "--threshold must be a number in (0, 1]"),
+    (["--n", "0"], "--n must be a positive whole number"),
+    (["--best-of", "0"], "--best-of must be a positive whole number"),
+    (["--corrupt", "1"], "--corrupt is the share of codes to corrupt, in (0, 1)"),
+    (["--mistakes", "0"], "--mistakes is the share of tokens to re-mask"),
+    (["--corrupt", "0.2", "--mistakes", "0.5"], "give one"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--seed", "-3"], "--seed"),
+])
+def test_bench_refine_refuses_bad_numbers_before_the_model_loads(tmp_path, capsys, flags, message):
+    """No model exists at --model: each refusal comes before the model (or any case) is loaded."""
+    code, _, err = run(capsys, "bench", "refine", "--model", tmp_path / "no-model", *flags, "--out", tmp_path / "b")
+    assert code == 2 and message in err and "no-model" not in err, err
+    assert not (tmp_path / "b").exists()
 
 
 def test_bench_refine_repair_mode_and_auroc(tiny_codec_dir, tmp_path, capsys):

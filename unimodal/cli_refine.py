@@ -17,18 +17,36 @@ import json
 import sys
 from pathlib import Path
 
-from unimodal.core.errors import InputError, InputFileError, OutputPathError
-from unimodal.core.paths import user_path
+from unimodal.core.errors import InputError, OutputPathError
+from unimodal.core.paths import atomic_write, user_path
 
-OUT_SUFFIXES = {"image": ".png", "audio": ".wav", "text": ".txt"}
+# A request key of :func:`unimodal.checks_refine.check_refine_request` -> the flag that gives it here.
+FLAGS = {"input": "--in", "prompt": "--prompt", "out": "--out", "seed": "--seed", "critic": "--critic",
+         "fraction": "--fraction", "threshold": "--threshold", "rounds": "--rounds", "budget": "--budget",
+         "trace": "--trace", "patience": "--patience", "candidates": "--candidates", "box": "--box",
+         "seconds": "--seconds", "chars": "--chars", "instruction": "--instruction"}
 
 
-def _content(path: str):
-    """The file to critique: a picture or clip as its path, a caption (.txt) as its text."""
-    file = user_path(path, "--in", InputFileError)
-    if not file.is_file():
-        raise InputError(f"--in: no such file {path!r}")
-    return file.read_text(encoding="utf-8").strip() if file.suffix.lower() == ".txt" else str(file)
+def _checked(op: str, args, **keys):
+    """The op's request from the flags, checked as ``serve`` and the MCP server check theirs (the input read,
+    every setting, ``--out`` and ``--trace`` writable and of the right kind) before the model loads; a refusal
+    names the flag."""
+    from unimodal.checks_refine import check_refine_request
+    from unimodal.core.errors import UnimodalError
+
+    request = {"input": args.input, "prompt": args.prompt, "out": args.out, "seed": args.seed, **keys}
+    try:
+        return check_refine_request(op, {k: v for k, v in request.items() if v is not None})
+    except UnimodalError as error:
+        first, _, rest = str(error).partition(" ")  # the checker's messages start with the key they refuse
+        key = first.rstrip(":")
+        message = f"{FLAGS[key]}{first[len(key):]} {rest}" if key in FLAGS else str(error)
+        raise type(error)(message) from None
+
+
+def _printed_files(files: dict) -> None:
+    for path in files.values():
+        print(path)
 
 
 def _numbers(count: int, flag: str):
@@ -53,92 +71,56 @@ def _critic(value: str):
 
 def _cmd_critique(args) -> int:
     from unimodal.serve import load_pipeline
+    from unimodal.serve_refine import run_critique
 
+    checked = _checked("critique", args, critic=args.critic, fraction=args.fraction, threshold=args.threshold,
+                       check=args.check)
     pipe = load_pipeline(args.model, args.device)
-    report = pipe.critique(_content(args.input), text=args.prompt, critic=_critic(args.critic),
-                           fraction=args.fraction, threshold=args.threshold, check=args.check, seed=args.seed)
-    files = [str(report.save(args.out).resolve())] if args.out else []
+    report, files = run_critique(pipe, checked)
     if args.json:
-        print(json.dumps({**report.to_dict(), "files": files}, indent=2))
+        print(json.dumps({**report.to_dict(), "files": list(files.values())}, indent=2))
         return 0
     print(f"score {report.score:.4f} ({report.critic}, {report.forward_passes} forward passes), "
           f"{len(report.regions)} region(s)")
     for region in report.regions:
-        where = region.get("box") or region.get("seconds") or region.get("chars")
-        print(f"  {region['modality']} {where}: score {region['score']:.3f}")
+        print(f"  {region['modality']} {_where(region)}: score {region['score']:.3f}")
     if report.check:
         print(f"check: read back {report.check.get('read_back')!r}, agrees: {report.check.get('agrees')}")
-    for path in files:
-        print(path)
+    _printed_files(files)
     return 0
 
 
 def _cmd_refine(args) -> int:
     from unimodal.serve import load_pipeline
+    from unimodal.serve_refine import run_refine
 
+    checked = _checked("refine", args, critic=args.critic, fraction=args.fraction, threshold=args.threshold,
+                       check=args.check, rounds=args.rounds, budget=args.budget, trace=args.trace,
+                       evaluator=args.evaluator, patience=args.patience)
     pipe = load_pipeline(args.model, args.device)
-    content = _content(args.input)
-    fixed, trace = pipe.refine(content, text=args.prompt, rounds=args.rounds, budget=args.budget,
-                               critic=_critic(args.critic), fraction=args.fraction, threshold=args.threshold,
-                               check=args.check, seed=args.seed, evaluator=args.evaluator,
-                               patience=args.patience)
-    if args.out:
-        fixed.save(args.out)
-    if args.trace:
-        Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.trace).write_text(json.dumps(trace, indent=2) + "\n")
+    _, files, trace = run_refine(pipe, checked)
     print(f"{trace['rounds_kept']} of {len(trace['rounds'])} round(s) kept, score {trace['score_initial']:.4f} -> "
           f"{trace['score_final']:.4f}, {trace['forward_passes']} forward passes, stopped: {trace['stopped']}")
-    for path in (args.out, args.trace):
-        if path:
-            print(Path(path).resolve())
+    _printed_files(files)
     return 0
 
 
 def _cmd_edit(args) -> int:
     from unimodal.serve import load_pipeline
+    from unimodal.serve_refine import run_edit
 
-    regions = [{"modality": "image", "box": args.box}] if args.box else []
-    regions += [{"modality": "audio", "seconds": args.seconds}] if args.seconds else []
-    regions += [{"modality": "text", "chars": [int(v) for v in args.chars]}] if args.chars else []
-    if args.instruction is not None:
-        return _instructed_edit(args, regions)
-    if len(regions) != 1:
-        raise InputError("give exactly one region: --box X0,Y0,X1,Y1 (pixels), --seconds START,END or "
-                         "--chars START,END; or --instruction \"make the circle blue\"")
-    if args.trace:
-        raise InputError("--trace is written by an instructed edit (--instruction); a region edit has none")
+    checked = _checked("edit", args, box=args.box, seconds=args.seconds, chars=args.chars,
+                       instruction=args.instruction, trace=args.trace, candidates=args.candidates)
+    if checked.out is None:
+        raise InputError("--out is required: where the edited output goes (.png, .wav or .txt, as --in)")
     pipe = load_pipeline(args.model, args.device)
-    edited = pipe.edit(_content(args.input), regions[0], text=args.prompt, seed=args.seed, candidates=args.candidates)
-    edited.save(args.out)
-    print(Path(args.out).resolve())
-    return 0
-
-
-def _instructed_edit(args, regions) -> int:
-    """``--instruction``: understood before the model loads; the plan's verdict printed, the trace written."""
-    from unimodal.core.instructions import parse_instruction
-    from unimodal.serve import load_pipeline
-
-    if regions:
-        raise InputError("give --instruction or a region (--box, --seconds, --chars), not both: an instructed "
-                         "edit plans its own region")
-    parse_instruction(args.instruction)
-    content = _content(args.input)
-    pipe = load_pipeline(args.model, args.device)
-    edited, trace = pipe.edit(content, instruction=args.instruction, text=args.prompt, seed=args.seed,
-                              candidates=args.candidates)
-    edited.save(args.out)
-    if args.trace:
-        Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.trace).write_text(json.dumps(trace, indent=2) + "\n")
-    plan, check = trace["plan"], trace["check"]
-    print(f"target {plan['target']!r}; regions {[_where(r) for r in plan['regions']]}; read back "
-          f"{check['read_back']!r}: {'done' if check['parses_to_target'] else 'not done'}; "
-          f"{trace['forward_passes']} forward passes")
-    for path in (args.out, args.trace):
-        if path:
-            print(Path(path).resolve())
+    _, files, trace = run_edit(pipe, checked)
+    if trace is not None:
+        plan, check = trace["plan"], trace["check"]
+        print(f"target {plan['target']!r}; regions {[_where(r) for r in plan['regions']]}; read back "
+              f"{check['read_back']!r}: {'done' if check['parses_to_target'] else 'not done'}; "
+              f"{trace['forward_passes']} forward passes")
+    _printed_files(files)
     return 0
 
 
@@ -155,6 +137,7 @@ def _cmd_bench_refine(args) -> int:
     from unimodal.serve import load_pipeline, resolve_model_dir
 
     critics = [_critic(c.strip()) for c in args.critics.split(",") if c.strip()]
+    out = _check_bench_refine_args(args)
     model_dir = resolve_model_dir(args.model)
     pipe = load_pipeline(model_dir, args.device)
     for critic in critics:  # before any case is loaded or drawn
@@ -167,8 +150,6 @@ def _cmd_bench_refine(args) -> int:
                                 progress=progress)
         table = format_mistakes(report)
     elif args.corrupt is not None:
-        if not 0 < args.corrupt < 1:
-            raise InputError(f"--corrupt is the share of codes to corrupt, in (0, 1); got {args.corrupt}")
         report = bench_repair(pipe, cases, critics, args.corrupt, args.rounds, args.seed, progress=progress,
                               options=_refine_options(args), modality=args.modality)
         table = format_repair(report)
@@ -179,15 +160,43 @@ def _cmd_bench_refine(args) -> int:
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split)
     print(table)
     print(f"model {model_dir} (hash {report['model_hash']}), scenes {args.split} split")
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_refine.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(out / "bench_refine.json")
+    print(atomic_write(out / "bench_refine.json",
+                       lambda temporary: temporary.write_text(json.dumps(report, indent=2) + "\n")))
     if args.corrupt is None and args.mistakes is None:
         from unimodal.bench_refine import plot_refine
 
         print(plot_refine([report], out / "bench_refine.png"))
     return 0
+
+
+def _check_bench_refine_args(args) -> Path:
+    """Every number and the output folder of ``bench refine`` refused, naming its flag, before the model loads;
+    returns the output folder."""
+    from unimodal.checks import check_writable
+    from unimodal.core.seeds import check_seed
+    from unimodal.inference.refine import RefineConfig
+
+    for flag, value in (("--n", args.n), ("--best-of", args.best_of), ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise InputError(f"{flag} must be a positive whole number, got {value}")
+    for flag, value, what in (("--corrupt", args.corrupt, "codes to corrupt"),
+                              ("--mistakes", args.mistakes, "tokens to re-mask")):
+        if value is not None and not 0 < value < 1:
+            raise InputError(f"{flag} is the share of {what}, in (0, 1); got {value}")
+    if args.corrupt is not None and args.mistakes is not None:
+        raise InputError("--corrupt and --mistakes are two different benches; give one")
+    if args.temperature is not None and not args.temperature >= 0:
+        raise InputError(f"--temperature must be >= 0, got {args.temperature}")
+    check_seed(args.seed, "--seed")
+    options = {k: v for k, v in _refine_options(args).items() if k != "temperature"}
+    try:  # the refine loop's own check (rounds, fraction, threshold, patience), named as flags
+        RefineConfig(rounds=args.rounds, **options)
+    except InputError as error:
+        raise InputError(f"--{error}") from None
+    out = user_path(args.out, "--out", OutputPathError)
+    check_writable(out, is_folder=True)
+    return out
 
 
 def _cmd_bench_refine_plot(args) -> int:
