@@ -246,3 +246,37 @@ def test_bench_refine_measures_critics_on_the_models_own_mistakes(tiny_codec_dir
     code, out, err = run("bench", "refine", "--model", model, "--n", "2", "--mistakes", "0.5",
                          "--critics", "confidence,learned", "--out", tmp_path / "refused")
     assert code != 0 and "never trained" in err and not (tmp_path / "refused").exists()
+
+
+def test_critic_only_trains_the_head_of_a_trained_model_and_nothing_else(tiny_codec_dir, tiny_scenes, tmp_path):
+    """--critic-only: the starting model's weights come out bit for bit the same except the critic head, which
+    learned (and the folder says so); the loss is the critic's alone; it needs a model to start from."""
+    from safetensors.torch import load_file
+
+    from unimodal.training.train import train
+
+    base = dict(preset="tiny", steps=3, batch_size=4, warmup=1, val_every=3, val_samples=2, checkpoint_every=3,
+                bf16=False)
+    first = train(tmp_path / "gen", [str(tiny_scenes)], tiny_codec_dir, TrainConfig(**base), progress=False)
+    cfg = TrainConfig(**base, critic_only=True, critic_share=1.0, init_from=str(first), lr=1e-2)
+    spec = cfg.loss_spec(toy_layout())
+    assert cfg.trains_critic and spec.critic_only and spec.critic.weight == 1.0 and spec.to("cpu").critic_only
+    trained = train(tmp_path / "critic", [str(tiny_scenes)], tiny_codec_dir, cfg, progress=False)
+    assert json.loads((trained / "training_config.json").read_text())["critic_trained"] is True
+
+    def weights(folder):
+        files = sorted((folder / "backbone").glob("*.safetensors"))
+        return {k: v for f in files for k, v in load_file(f).items()}
+
+    before, after = weights(first), weights(trained)
+    assert before.keys() == after.keys()
+    head = {k for k in before if k.startswith("critic_head.")}
+    assert head and all(torch.equal(before[k], after[k]) for k in before if k not in head)
+    assert any(not torch.equal(before[k], after[k]) for k in head)
+    history = torch.load(tmp_path / "critic" / "checkpoint.pt", weights_only=False)["history"]
+    losses = [h["train_loss"] for h in history if "train_loss" in h]
+    assert losses and all(0 < loss < 1.5 for loss in losses), losses  # the critic's BCE alone (~0.69 untrained)
+    with pytest.raises(InputError, match="--init-from"):
+        TrainConfig(critic_only=True)
+    with pytest.raises(InputError, match="critic"):
+        TrainConfig(critic_only=True, init_from=str(first), objective="ar")

@@ -14,7 +14,7 @@ against, uses :func:`next_token_loss` instead: the same targets, each predicted 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -134,6 +134,7 @@ class LossSpec:
     normalise: str = "real"
     masking: str = "independent"  # MASKINGS
     critic: object | None = None  # CriticSpec (critic.py imports this module, so it is not named here)
+    critic_only: bool = False  # the critic's loss alone, the model frozen: the denoising forward only fills drafts
 
     def __post_init__(self):
         if self.masking not in MASKINGS:
@@ -144,8 +145,8 @@ class LossSpec:
             raise ValueError(f"loss normalisation must be one of {NORMALISERS}, got {self.normalise!r}")
 
     def to(self, device) -> "LossSpec":
-        return LossSpec(self.vocab and self.vocab.to(device), self.weighting, self.normalise, self.masking,
-                        self.critic and self.critic.to(device))
+        return replace(self, vocab=self.vocab and self.vocab.to(device),
+                       critic=self.critic and self.critic.to(device))
 
     def mask(self, ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor,
              generator: torch.Generator | None = None) -> MaskedBatch:

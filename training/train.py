@@ -12,6 +12,7 @@ slice of the global batch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -80,6 +81,11 @@ class TrainConfig:
     critic_weight: float = 0.0
     critic_share: float = 0.25  # of the step's rows, those filled by the model and critiqued
     critic_swap_rate: float = 0.1  # each critiqued row swaps up to this share of its codes and attribute words
+    # Train the critic head alone on a model that is already trained (init_from): every other weight frozen, the
+    # denoising forward run without gradient only to fill the drafts, the loss the critic's BCE alone. Generation
+    # is exactly the starting model's, so a shipped model can gain a critic without being judged again; a step
+    # costs two forwards (fill, critique) and the head's backward, not the generator's backward.
+    critic_only: bool = False
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -103,13 +109,17 @@ class TrainConfig:
         if not 0 < self.critic_share <= 1 or not 0 <= self.critic_swap_rate < 1:
             raise InputError(f"critic_share must lie in (0, 1] and critic_swap_rate in [0, 1), got "
                              f"{self.critic_share!r} and {self.critic_swap_rate!r}")
-        if self.critic_weight > 0 and self.autoregressive:
-            raise InputError("the autoregressive twin has no critic: --critic-weight must be 0 with --objective ar")
+        if self.trains_critic and self.autoregressive:
+            raise InputError("the autoregressive twin has no critic: --critic-weight must be 0 and --critic-only "
+                             "off with --objective ar")
+        if self.critic_only and not self.init_from:
+            raise InputError("--critic-only trains the critic head of a trained model and freezes the rest: give "
+                             "the model with --init-from")
 
     @property
     def trains_critic(self) -> bool:
         """Whether the step trains the critic head (else the head is frozen and out of the optimizer)."""
-        return self.critic_weight > 0
+        return self.critic_weight > 0 or self.critic_only
 
     # What a checkpoint written before a setting existed was trained with, so that it resumes as it ran.
     LEGACY_DEFAULTS = {"masking": "independent", "loss_norm": "maskable", "sparse_head": False}
@@ -118,10 +128,11 @@ class TrainConfig:
 
     def loss_spec(self, layout, attributes: AttributeSwaps | None = None) -> LossSpec:
         """The step's loss; ``attributes``: the caption swaps of the critic's negatives (None: code swaps only)."""
-        critic = CriticSpec.of(layout, self.critic_weight, self.critic_share, self.critic_swap_rate, attributes) \
+        weight = 1.0 if self.critic_only else self.critic_weight  # alone, its weight is only a scale of the lr
+        critic = CriticSpec.of(layout, weight, self.critic_share, self.critic_swap_rate, attributes) \
             if self.trains_critic else None
         return LossSpec(TargetVocab.of(layout) if self.sparse_head else None, self.loss_weighting, self.loss_norm,
-                        self.masking, critic)
+                        self.masking, critic, self.critic_only)
 
     @property
     def autoregressive(self) -> bool:
@@ -194,16 +205,18 @@ def step_loss(model, batch: ExampleBatch, schedule: MaskSchedule, generator: tor
     segment_ids = inputs[0]
     masked_on_device = type(masked)(*(x.to(device) for x in (masked.noisy_ids, masked.targets, masked.masked,
                                                                   masked.maskable, masked.t)))
-    out = model(masked_on_device.noisy_ids, masked_on_device.t, *inputs, logits=spec.vocab is None, critic=False)
-    if spec.vocab is None:
-        loss = masked_diffusion_loss(out.logits, masked_on_device, spec.weighting, spec.normalise)
-        acc = masked_token_accuracy(out.logits, masked_on_device)
-    else:
-        loss, acc = sparse_diffusion_loss(unwrapped(model).output_logits, out.hidden, segment_ids,
-                                          masked_on_device, spec.vocab, spec.weighting, spec.normalise)
+    with torch.no_grad() if spec.critic_only else contextlib.nullcontext():  # critic only: the fills' forward
+        out = model(masked_on_device.noisy_ids, masked_on_device.t, *inputs, logits=spec.vocab is None, critic=False)
+        if spec.vocab is None:
+            loss = masked_diffusion_loss(out.logits, masked_on_device, spec.weighting, spec.normalise)
+            acc = masked_token_accuracy(out.logits, masked_on_device)
+        else:
+            loss, acc = sparse_diffusion_loss(unwrapped(model).output_logits, out.hidden, segment_ids,
+                                              masked_on_device, spec.vocab, spec.weighting, spec.normalise)
     if spec.critic is not None:
-        loss = loss + spec.critic.weight * critic_objective(model, unwrapped(model).output_logits, out.hidden,
-                                                            masked_on_device, inputs, spec.critic, generator)
+        critic = critic_objective(model, unwrapped(model).output_logits, out.hidden, masked_on_device, inputs,
+                                  spec.critic, generator)
+        loss = critic if spec.critic_only else loss + spec.critic.weight * critic
     return loss, acc
 
 
@@ -659,6 +672,7 @@ def _prepared_model(cfg: TrainConfig, run: RunData, state: dict | None, options:
                                                                   "causal": cfg.autoregressive})
     if cfg.init_from and state is None:
         load_initial_weights(model, cfg.init_from, run.layout, log=accelerator.is_main_process and progress)
+    model.requires_grad_(not cfg.critic_only)  # critic only: the trained model stays exactly as it was
     model.critic_head.requires_grad_(cfg.trains_critic)  # off: no gradient, not in the optimizer nor DDP's buckets
     optimizer = _optimizer(model, cfg, accelerator.device)
     ema, history, start = EMA(model, cfg.ema_decay), [], 0
@@ -767,6 +781,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--critic-share", type=float, default=TrainConfig.critic_share,
                         help="share of each step's rows the model fills and the critic is trained on (second "
                              "forward and backward over them)")
+    parser.add_argument("--critic-only", action="store_true",
+                        help="train the critic head alone on the model given with --init-from, every other weight "
+                             "frozen: generation stays exactly that model's (with --critic-share 1 every row is "
+                             "critiqued; a step costs two forwards and the head's backward)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when there is a GPU), cpu or cuda")
     parser.add_argument("--compile", dest="compile", action="store_true", default=None,
                         help="run the forward under torch.compile (default: on CUDA only)")
@@ -850,7 +868,7 @@ def run_from_args(args) -> int:
                      loss_weighting=args.loss_weighting, loss_norm=args.loss_norm, masking=args.masking,
                      objective=args.objective, train_subset=args.train_subset, snapshots=args.snapshots,
                      ema_decay=args.ema_decay, init_from=args.init_from, max_audio_seconds=args.max_audio_seconds,
-                     critic_weight=args.critic_weight, critic_share=args.critic_share,
+                     critic_weight=args.critic_weight, critic_share=args.critic_share, critic_only=args.critic_only,
                      **({} if args.tasks is None else {"task_weights": args.tasks}))
     if args.fit_steps and args.max_minutes is None:
         raise InputError("--fit-steps fits the run to --max-minutes; give both")
