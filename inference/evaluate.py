@@ -170,12 +170,12 @@ def generate_direction(pipe, direction: str, cases: Sequence[EvalCase], settings
                        batch_size: int = 16, progress: bool = True) -> tuple[list, float]:
     """The outputs for every case (request i seeded ``seed + i``) and the wall time per sample. A ``candidates``
     setting (> 1) draws that many per case (seeds ``seed + i``, ``seed + i + 1``, ...) and keeps the one the model
-    reads back best (``UniModal.generate(candidates=)``), case by case, where :func:`candidates_used` says so."""
+    reads back best (``UniModal.generate(candidates=)``), case by case (:func:`evaluate` passes what
+    :func:`candidates_used` says)."""
     from tqdm.auto import tqdm
 
     settings = dict(settings)
-    candidates = candidates_used(pipe, direction, settings)
-    settings.pop("candidates", None)
+    candidates = settings.pop("candidates", None) or 1
     requests = eval_requests(direction, cases, seed)
     results, start = [], time.perf_counter()
     if candidates > 1:
@@ -317,11 +317,13 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
             usable = usable[:joint_n]
         if not usable:
             continue
-        results, wall = generate_direction(pipe, direction, usable, settings, seed, batch_size, progress)
+        candidates = candidates_used(pipe, direction, settings)
+        results, wall = generate_direction(pipe, direction, usable, {**settings, "candidates": candidates}, seed,
+                                           batch_size, progress)
         scores = score_direction(direction, usable, results, judges)
         figures[direction] = summarize(direction, usable, results, scores, wall)
         if (settings.get("candidates") or 1) > 1:
-            figures[direction]["candidates"] = candidates_used(pipe, direction, settings)
+            figures[direction]["candidates"] = candidates
         samples[direction] = (usable, results, scores)
         if on_direction is not None:
             on_direction(direction, figures[direction])

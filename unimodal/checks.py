@@ -198,9 +198,10 @@ def check_candidates(value) -> int:
     return value
 
 
-def check_draws_differ(candidates: int, sampler) -> None:
-    """Refuse ``candidates`` > 1 under a ``sampler`` (a SamplerConfig) whose every seed gives the same tokens."""
-    if candidates > 1 and not sampler.random:
+def check_draws_differ(candidates: int, differ: bool) -> None:
+    """Refuse ``candidates`` > 1 when draws cannot ``differ`` (the sampler's ``random``: every seed gives the same
+    tokens)."""
+    if candidates > 1 and not differ:
         raise SettingError(f"candidates={candidates} with greedy sampling (temperature 0 and choice_temperature 0, "
                            f"the default for text) draws the same output {candidates} times; give temperature > 0 "
                            f"(e.g. 0.7) or choice_temperature > 0, or candidates=1")

@@ -236,8 +236,7 @@ class UniModal(DiffusionPipeline):
         if not inputs:
             raise InputError("candidates > 1 keeps the output that agrees best with the inputs; an unconditional "
                              "request has none (give text, image or audio, or candidates=1)")
-        kind = self.scheduler.target_kind(check_to(request["to"]))
-        check_draws_differ(candidates, self._sampler_config(sampling, kind))
+        check_draws_differ(candidates, self.draws_differ(request["to"], **sampling))
         seed = fresh_seed() if seed is None else check_seed(seed, error=SettingError)
         draws = self.generate_batch([dict(request, seed=seed + k) for k in range(candidates)], progress=progress,
                                     **sampling)

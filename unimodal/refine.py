@@ -311,7 +311,7 @@ def edit(pipe, content, region: Mapping | Sequence[Mapping], text=None, image=No
                              "give one (text=...)")
         selection = selection_of(pipe.layout, regions, draft, pipe.text_codec)
         kind = pipe.scheduler.target_kind([s.modality for s in draft.target.spans])
-        check_draws_differ(candidates, pipe._sampler_config(settings, kind))
+        check_draws_differ(candidates, pipe._sampler_config(settings, kind).random)
         tried, passes = [], 0
         for k in range(candidates):
             sampler = pipe._sampler_config({**settings, "seed": seed + k}, kind)
