@@ -28,7 +28,9 @@ def _critic_params(model):
     return {id(p) for p in model.critic_head.parameters()}
 
 
-def test_drafts_commit_the_most_confident_fills_and_label_what_differs_from_the_truth():
+def _drafted(spec=None):
+    """A tiny model's drafts of a four-task batch (every row critiqued): (layout, batch, masked batch, rows, draft,
+    spec)."""
     layout = toy_layout()
     batch = mixed_batch(layout)
     b = batch.batch
@@ -36,9 +38,15 @@ def test_drafts_commit_the_most_confident_fills_and_label_what_differs_from_the_
     model = DiT.from_preset("tiny", layout.vocab_size)
     masked = mask_targets(b.ids, batch.maskable, torch.tensor([0.5, 0.7, 0.9, 0.6]), torch.Generator().manual_seed(0))
     out = model(masked.noisy_ids, masked.t, b.segment_ids, b.positions, batch.is_target, b.attention_mask)
-    spec = CriticSpec.of(layout, weight=0.1, share=1.0, swap_rate=0.5)
+    spec = spec or CriticSpec.of(layout, weight=0.1, share=1.0, swap_rate=0.5)
     rows, draft = critic_drafts(model.output_logits, out.hidden, b.segment_ids, masked, spec,
                                 torch.Generator().manual_seed(1))
+    return layout, batch, masked, rows, draft, spec
+
+
+def test_drafts_commit_the_most_confident_fills_and_label_what_differs_from_the_truth():
+    layout, batch, masked, rows, draft, spec = _drafted()
+    b = batch.batch
     assert torch.equal(rows, torch.arange(4))
     left = draft.ids == MASK
     assert torch.equal(left | draft.scored, batch.maskable[rows] & (left | draft.scored))  # only target slots
@@ -53,6 +61,19 @@ def test_drafts_commit_the_most_confident_fills_and_label_what_differs_from_the_
     confidence = torch.tensor([[0.9, 0.1, 0.5, 0.0]])
     assert still_masked(torch.tensor([[True, True, True, False]]), confidence, torch.tensor([2 / 3])).tolist() == \
         [[False, True, False, False]]
+
+
+def test_drafts_take_their_labels_from_the_decoded_content_when_given():
+    class NothingDiffers:  # a codec under which every code decodes alike: only captions can be wrong
+        def wrong(self, ids, targets, segment_ids):
+            return (ids != targets) & (segment_ids == SEGMENT_IDS["text"])
+
+    spec = CriticSpec.of(toy_layout(), weight=0.1, share=1.0, swap_rate=0.5, labels=NothingDiffers())
+    _, batch, _, _, draft, spec = _drafted(spec)
+    b = batch.batch
+    assert torch.equal(draft.wrong, draft.scored & (draft.ids != b.ids) & (b.segment_ids == SEGMENT_IDS["text"]))
+    assert (draft.scored & (draft.ids != b.ids) & (b.segment_ids == SEGMENT_IDS["image"])).any()  # not called wrong
+    assert spec.to("cpu").labels is spec.labels
 
 
 def test_code_swaps_never_keep_the_code_and_leave_end_and_pad_alone():
@@ -242,6 +263,8 @@ def test_bench_refine_measures_critics_on_the_models_own_mistakes(tiny_codec_dir
     assert code == 0, err
     report = json.loads((tmp_path / "mistakes" / "bench_refine.json").read_text())
     assert report["tokens"] == 2 * 32 and 0 <= report["wrong"] <= report["tokens"]  # half of 64 codes, twice
+    assert 0 <= report["decoded"]["wrong"] <= report["wrong"]  # wrong by decoded content: a subset
+    assert "AUROC*" in out and all("auroc_decoded" in row for row in report["critics"].values())
     assert all(row["auroc"] is None or 0 <= row["auroc"] <= 1 for row in report["critics"].values())
     code, out, err = run("bench", "refine", "--model", model, "--n", "2", "--mistakes", "0.5",
                          "--critics", "confidence,learned", "--out", tmp_path / "refused")

@@ -109,3 +109,18 @@ def test_eval_reports_every_kind(tmp_path, codec):
         assert (tmp_path / "eval" / f"image_codec_{kind}.png").exists()
     assert report["scenes"]["judged_original"] == 1.0
     assert 0 < report["codebook_usage"] <= 1
+
+
+def test_codec_train_codes_sets_the_image_codebook_and_is_refused_elsewhere(monkeypatch, tmp_path, capsys):
+    import unimodal.training.codec_image as codec_image
+    from unimodal.cli import main
+
+    seen = {}
+    monkeypatch.setattr(codec_image, "train_image_codec", lambda out, cfg, resume: seen.update(cfg=cfg))
+    assert main(["codec", "train", "image", "--codes", "128", "--steps", "3", "--out", str(tmp_path)]) == 0
+    assert seen["cfg"].model["num_vq_embeddings"] == 128 and seen["cfg"].steps == 3
+    assert seen["cfg"].model["block_out_channels"] == codec_image.DEFAULT_MODEL["block_out_channels"]
+    for argv, message in ((["audio", "--codes", "64"], "not the audio codec's"),
+                          (["image", "--codes", "1"], "between 2 and 4096")):
+        assert main(["codec", "train", *argv, "--out", str(tmp_path)]) != 0
+        assert message in capsys.readouterr().err

@@ -183,6 +183,9 @@ def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):
     for bad in (["x", "no_such=1"], ["x", "lr"], ["x", "sparse_head=maybe"], ["x", "steps=many"]):
         with pytest.raises(InputError):
             parse_variant(bad)
+    assert parse_variant(["c128", f"codecs={tmp_path}"]) == ("c128", {"codecs": str(tmp_path.resolve())})
+    with pytest.raises(InputError, match="codecs='nowhere' is not a folder"):
+        parse_variant(["c128", "codecs=nowhere"])
     judged = {"text->image": {"accuracy": 0.25, "verdicts": [1, 0, 0, 0]},
               "image->text": {"accuracy": 0.5, "verdicts": [1, 1, 0, 0]}}
     better = {"text->image": {"accuracy": 0.75, "verdicts": [1, 1, 1, 0]},

@@ -13,16 +13,18 @@ PRISM (2025) reads a per-token quality head on the generator itself. Ours is the
    attribute swaps in captions (a colour, shape or size word replaced by another of its kind, from
    :mod:`unimodal.core.grammar`);
 3. the draft runs through the model again at its own mask ratio, and the critic logit of every committed target
-   slot is trained with binary cross-entropy against "this token differs from the truth".
+   slot is trained with binary cross-entropy against "this token is wrong" (below).
 
-"Wrong" is token inequality in every modality: a run may train from a pack, without the codecs that would say
-how far apart two codes decode, so near-identical codes also count as wrong (the critic errs on the strict side).
+"Wrong" for captions is token inequality; for image and audio codes it is decoded content differing beyond a
+threshold (:mod:`unimodal.training.critic_labels`: most codes that differ from the real one decode to nearly the
+same patch or frames), when the run has the codecs to decode them. A run from a pack has none and falls back to
+token inequality (near-identical codes also count as wrong: the critic errs on the strict side), and says so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -104,17 +106,17 @@ class CriticSpec:
     share: float = 0.25
     swap_rate: float = 0.1
     attributes: AttributeSwaps | None = None
+    labels: object | None = None  # critic_labels.DecodedLabels: wrong by decoded content (None: token inequality)
 
     @classmethod
     def of(cls, layout: Layout, weight: float, share: float, swap_rate: float,
-           attributes: AttributeSwaps | None = None) -> "CriticSpec":
+           attributes: AttributeSwaps | None = None, labels=None) -> "CriticSpec":
         ranges = {SEGMENT_IDS[m]: (layout.offset(m), layout.codebook_size(m)) for m in ("image", "audio")}
         temperatures = {SEGMENT_IDS[m]: value for m, value in FILL_TEMPERATURES.items()}
-        return cls(TargetVocab.of(layout), ranges, temperatures, weight, share, swap_rate, attributes)
+        return cls(TargetVocab.of(layout), ranges, temperatures, weight, share, swap_rate, attributes, labels)
 
     def to(self, device) -> "CriticSpec":
-        return CriticSpec(self.vocab.to(device), self.code_ranges, self.temperatures, self.weight, self.share,
-                          self.swap_rate, self.attributes and self.attributes.to(device))
+        return replace(self, vocab=self.vocab.to(device), attributes=self.attributes and self.attributes.to(device))
 
 
 @dataclass
@@ -207,7 +209,8 @@ def critic_drafts(head, hidden: torch.Tensor, segment_ids: torch.Tensor, batch: 
     if spec.attributes is not None:
         ids = spec.attributes.swap(ids, free & (segments == SEGMENT_IDS["text"]), rates, generator)
     t = left.sum(dim=1) / sub.maskable.sum(dim=1).clamp_min(1)  # (k,) the draft's own mask ratio
-    return rows, CriticDraft(ids, t.float(), free, free & (ids != sub.targets))
+    differs = ids != sub.targets if spec.labels is None else spec.labels.wrong(ids, sub.targets, segments)
+    return rows, CriticDraft(ids, t.float(), free, free & differs)
 
 
 def critic_loss(logits: torch.Tensor, draft: CriticDraft) -> torch.Tensor:

@@ -40,6 +40,7 @@ from unimodal.core.int8 import load_pretrained
 CRITIC_WEIGHT = 0.1  # --critic-weight to train the critic with: its BCE (~0.7 untrained, ~0.1-0.3 trained) then
 # weighs about a tenth of the denoising loss (~1-4 per token), so the shared backbone keeps serving the generator
 OBJECTIVES = ("diffusion", "ar")  # masked diffusion (the model) or next-token prediction (its autoregressive twin)
+CRITIC_LABELS = ("decoded", "token")  # what the critic calls wrong (TrainConfig.critic_labels)
 VAL_RATIOS = (0.15, 0.35, 0.55, 0.75, 0.95)  # fixed mask ratios of the validation loss (low variance)
 
 
@@ -86,6 +87,10 @@ class TrainConfig:
     # is exactly the starting model's, so a shipped model can gain a critic without being judged again; a step
     # costs two forwards (fill, critique) and the head's backward, not the generator's backward.
     critic_only: bool = False
+    # What the critic learns to call wrong: "decoded" (image and audio codes whose decoded content differs beyond a
+    # threshold, training/critic_labels.py; captions by token) or "token" (every code that differs from the real
+    # one). A run from a pack has no codecs to decode with and uses "token", saying so.
+    critic_labels: str = "decoded"
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -112,6 +117,8 @@ class TrainConfig:
         if self.trains_critic and self.autoregressive:
             raise InputError("the autoregressive twin has no critic: --critic-weight must be 0 and --critic-only "
                              "off with --objective ar")
+        if self.critic_labels not in CRITIC_LABELS:
+            raise InputError(f"critic_labels must be one of {CRITIC_LABELS}, got {self.critic_labels!r}")
         if self.critic_only and not self.init_from:
             raise InputError("--critic-only trains the critic head of a trained model and freezes the rest: give "
                              "the model with --init-from")
@@ -122,14 +129,16 @@ class TrainConfig:
         return self.critic_weight > 0 or self.critic_only
 
     # What a checkpoint written before a setting existed was trained with, so that it resumes as it ran.
-    LEGACY_DEFAULTS = {"masking": "independent", "loss_norm": "maskable", "sparse_head": False}
+    LEGACY_DEFAULTS = {"masking": "independent", "loss_norm": "maskable", "sparse_head": False,
+                       "critic_labels": "token"}
     # What a resumed run takes from the command instead of its checkpoint: none of it changes what is trained.
     RESUME_OVERRIDES = ("steps", "snapshots")
 
-    def loss_spec(self, layout, attributes: AttributeSwaps | None = None) -> LossSpec:
-        """The step's loss; ``attributes``: the caption swaps of the critic's negatives (None: code swaps only)."""
+    def loss_spec(self, layout, attributes: AttributeSwaps | None = None, labels=None) -> LossSpec:
+        """The step's loss; ``attributes``: the caption swaps of the critic's negatives (None: code swaps only);
+        ``labels``: the critic's decoded-content labels (None: token inequality)."""
         weight = 1.0 if self.critic_only else self.critic_weight  # alone, its weight is only a scale of the lr
-        critic = CriticSpec.of(layout, weight, self.critic_share, self.critic_swap_rate, attributes) \
+        critic = CriticSpec.of(layout, weight, self.critic_share, self.critic_swap_rate, attributes, labels) \
             if self.trains_critic else None
         return LossSpec(TargetVocab.of(layout) if self.sparse_head else None, self.loss_weighting, self.loss_norm,
                         self.masking, critic, self.critic_only)
@@ -584,7 +593,8 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
     train_tokens = _subset(run.train, cfg.train_subset)
     model, runner, optimizer, ema, history, start = _prepared_model(cfg, run, state, options, accelerator, progress)
     mixture, schedule = TaskMixture(cfg.task_weights, cfg.cond_drop), MaskSchedule()
-    spec = cfg.loss_spec(run.layout, caption_swaps(cfg, run, progress and main)).to(accelerator.device)
+    spec = cfg.loss_spec(run.layout, caption_swaps(cfg, run, progress and main),
+                         decoded_labels(cfg, run, progress and main)).to(accelerator.device)
     val_spec = validation_spec(run.layout).to(accelerator.device)
     workers = options.workers if options.workers is not None else (
         min(8, max(0, (os.cpu_count() or 1) - 2)) if accelerator.device.type == "cuda" else 0)
@@ -653,6 +663,26 @@ def caption_swaps(cfg: TrainConfig, run: RunData, log: bool) -> AttributeSwaps |
     from unimodal.training.tokens import codec_folder
 
     return AttributeSwaps.of(TextCodec.from_pretrained(codec_folder(run.codec_dir, "text")), run.layout)
+
+
+def decoded_labels(cfg: TrainConfig, run: RunData, log: bool):
+    """The critic's decoded-content labels (critic_labels.DecodedLabels) from the run's image and audio codecs;
+    None when the run trains no critic, asks for token labels, or has no codecs (a pack: said once)."""
+    if not cfg.trains_critic or cfg.critic_labels == "token":
+        return None
+    if run.codec_dir is None:
+        if log:
+            print("critic: no codecs in this run (a pack), so codes are labelled wrong by token inequality, not by "
+                  "decoded content", flush=True)
+        return None
+    from unimodal.tokenizers_mm.audio import AudioCodec
+    from unimodal.tokenizers_mm.image import ImageCodec
+    from unimodal.training.critic_labels import DecodedLabels
+    from unimodal.training.tokens import codec_folder
+
+    image = ImageCodec.from_pretrained(codec_folder(run.codec_dir, "image")).model.eval()
+    audio = AudioCodec.from_pretrained(codec_folder(run.codec_dir, "audio")).model.eval()
+    return DecodedLabels(run.layout, image, audio)
 
 
 def _subset(tokens: list[dict], subset: int | None) -> list[dict]:
@@ -785,6 +815,10 @@ def add_arguments(parser) -> None:
                         help="train the critic head alone on the model given with --init-from, every other weight "
                              "frozen: generation stays exactly that model's (with --critic-share 1 every row is "
                              "critiqued; a step costs two forwards and the head's backward)")
+    parser.add_argument("--critic-labels", choices=CRITIC_LABELS, default=TrainConfig.critic_labels,
+                        help="what the critic learns to call wrong: decoded (default: image and audio codes whose "
+                             "decoded content differs beyond a threshold; captions by token) or token (every "
+                             "code that differs from the real one)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when there is a GPU), cpu or cuda")
     parser.add_argument("--compile", dest="compile", action="store_true", default=None,
                         help="run the forward under torch.compile (default: on CUDA only)")
@@ -869,6 +903,7 @@ def run_from_args(args) -> int:
                      objective=args.objective, train_subset=args.train_subset, snapshots=args.snapshots,
                      ema_decay=args.ema_decay, init_from=args.init_from, max_audio_seconds=args.max_audio_seconds,
                      critic_weight=args.critic_weight, critic_share=args.critic_share, critic_only=args.critic_only,
+                     critic_labels=args.critic_labels,
                      **({} if args.tasks is None else {"task_weights": args.tasks}))
     if args.fit_steps and args.max_minutes is None:
         raise InputError("--fit-steps fits the run to --max-minutes; give both")

@@ -285,7 +285,8 @@ def bench_mistakes(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confid
     sampler = pipe._sampler_config({}, pipe.scheduler.target_kind([modality]))
     sampler = replace(sampler, steps=max(2, math.ceil(sampler.steps * fraction)))
     scores = {c: [] for c in critics}
-    wrong = []
+    wrong, far = [], []
+    labels = _decoded_labels(pipe, modality)
     for i, (case, truth) in enumerate(zip(cases, kind.truth(cases))):
         generator = torch.Generator().manual_seed(seed + i)
         chosen = torch.zeros(len(truth), dtype=torch.bool)
@@ -295,15 +296,36 @@ def bench_mistakes(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confid
         ids = filled.tokens(pipe.layout)[modality]
         n = min(len(ids), len(truth))  # a caption or clip may end early: compare what both hold
         wrong.append((ids[:n] != truth[:n])[chosen[:n]].numpy())
+        if labels is not None:
+            distance = labels.distance(modality, truth[None, :n], ids[None, :n])[0]
+            far.append((distance > labels.thresholds[modality])[chosen[:n]].numpy() & wrong[-1])
         for critic in critics:
             read = pipe.critique(kind.result(ids), **kind.condition(case), critic=critic, groups=groups, seed=seed + i)
             scores[critic].append(np.array(read.scores[modality])[:n][chosen[:n].numpy()])
     flags = np.concatenate(wrong)
     progress(f"done: {len(cases)} {modality} cases, {int(flags.sum())} of {len(flags)} regenerated tokens wrong")
-    return {"n": len(cases), "modality": modality, "remasked_fraction": fraction, "seed": seed, "groups": groups,
-            "sampler_steps": sampler.steps, "tokens": int(len(flags)), "wrong": int(flags.sum()),
-            "critics": {c: {"auroc": auroc(np.concatenate(s), flags), "precision_lowest_10pct": _lowest(s, wrong)}
-                        for c, s in scores.items()}}
+    report = {"n": len(cases), "modality": modality, "remasked_fraction": fraction, "seed": seed, "groups": groups,
+              "sampler_steps": sampler.steps, "tokens": int(len(flags)), "wrong": int(flags.sum()),
+              "critics": {c: {"auroc": auroc(np.concatenate(s), flags), "precision_lowest_10pct": _lowest(s, wrong)}
+                          for c, s in scores.items()}}
+    if labels is not None:  # the same tokens, wrong only where their decoded content differs (critic_labels)
+        decoded = np.concatenate(far)
+        report["decoded"] = {"threshold": labels.thresholds[modality], "wrong": int(decoded.sum())}
+        for critic, s in scores.items():
+            report["critics"][critic].update(auroc_decoded=auroc(np.concatenate(s), decoded),
+                                             precision_lowest_10pct_decoded=_lowest(s, far))
+    return report
+
+
+def _decoded_labels(pipe, modality: str):
+    """Decoded-content labels for image and audio codes (captions: None, token inequality is the content)."""
+    from unimodal.training.critic_labels import DecodedLabels
+
+    if modality == "image":
+        return DecodedLabels(pipe.layout, image_model=pipe.image_codec.model)
+    if modality == "audio":
+        return DecodedLabels(pipe.layout, audio_model=pipe.audio_codec.model)
+    return None
 
 
 def _lowest(scores: list, wrong: list) -> float:
@@ -313,13 +335,20 @@ def _lowest(scores: list, wrong: list) -> float:
 
 
 def format_mistakes(report: dict) -> str:
-    lines = [f"{'critic':<12} {'AUROC':>6} {'prec@10%':>9}"]
+    decoded = report.get("decoded")
+    lines = [f"{'critic':<12} {'AUROC':>6} {'prec@10%':>9}" + (f" {'AUROC*':>7} {'prec@10%*':>10}" if decoded else "")]
     for critic, row in report["critics"].items():
-        lines.append(f"{critic:<12} {_cell(row['auroc']):>6} {row['precision_lowest_10pct']:>9.3f}")
+        line = f"{critic:<12} {_cell(row['auroc']):>6} {row['precision_lowest_10pct']:>9.3f}"
+        if decoded:
+            line += f" {_cell(row['auroc_decoded']):>7} {row['precision_lowest_10pct_decoded']:>10.3f}"
+        lines.append(line)
     lines.append(f"n={report['n']} real test cases, {report['remasked_fraction']:.0%} of the {report['modality']} "
                  f"tokens re-masked and regenerated ({report['sampler_steps']} sampler steps), seed {report['seed']}; "
                  f"{report['wrong']} of {report['tokens']} regenerated tokens wrong (the model's own mistakes); "
                  f"prec@10%: share of mistakes among each case's lowest-scored 10%")
+    if decoded:
+        lines.append(f"*: wrong only where the decoded content differs (distance > {decoded['threshold']}, "
+                     f"unimodal.training.critic_labels): {decoded['wrong']} of the {report['wrong']} wrong tokens")
     return "\n".join(lines)
 
 

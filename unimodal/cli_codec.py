@@ -18,6 +18,10 @@ def _cmd_codec_train(args) -> int:
                          f"not {args.modality}")
     if args.init_from and args.num_down is not None:
         raise InputError("--num-down changes the codes; --init-from keeps them (it only trains a new decoder)")
+    if args.codes is not None and args.modality != "image":
+        raise InputError(f"--codes sets the image codec's codebook size, not the {args.modality} codec's")
+    if args.codes is not None and not 2 <= args.codes <= 4096:
+        raise InputError(f"--codes must be between 2 and 4096, got {args.codes}")
     if args.modality in ("text", "image") and args.init_from:
         raise InputError(f"--init-from works for the audio codec and the vocoder, not the {args.modality} codec")
     if args.modality != "vocoder" and args.codec_mel_fraction is not None:
@@ -54,6 +58,10 @@ def _cmd_codec_train(args) -> int:
         from unimodal.training.checkpoint import cli_config
         from unimodal.training.codec_image import ImageCodecTrainConfig, train_image_codec
 
+        from unimodal.training.codec_image import DEFAULT_MODEL
+
+        if args.codes is not None:
+            extra["model"] = {**DEFAULT_MODEL, "num_vq_embeddings": args.codes}
         cfg = cli_config(ImageCodecTrainConfig, out, args.resume, args.steps, seed=args.seed, **_batch(args), **extra)
         train_image_codec(out, cfg, resume=args.resume)
     else:
@@ -121,6 +129,9 @@ def add_codec_commands(sub) -> None:
     train.add_argument("--num-down", type=int, choices=[1, 2, 3], default=None,
                        help="audio: halvings of the 62.5 mel frames/s: 1 -> 31.25 codes/s (default, as "
                             "shipped), 2 -> 15.625")
+    train.add_argument("--codes", type=int, default=None,
+                       help="image: codebook size (default 512, as shipped); fewer codes carry less nuisance "
+                            "(background shade) at some cost in reconstruction")
     train.add_argument("--decoder-channels", type=int, default=None, help="audio: decoder width (default 256)")
     train.add_argument("--decoder-dilations", type=number_list(int), default=None,
                        help="audio: dilations of the decoder's code-rate stack, e.g. 1,3,9,27 (default 1,3,1,3)")

@@ -4,7 +4,8 @@ Every variant trains the same backbone preset on the same data for the same numb
 (a budget in examples, so a variant whose step is cheaper is not given more data), then its EMA model is judged
 by ``unimodal eval``'s judges on the same test cases, text->image and image->text. A variant is a name and
 TrainConfig overrides (``loss_norm=maskable sparse_head=false``); ``objective=ar`` trains the autoregressive
-twin with the same budget, the bar the diffusion recipe must reach on reading pictures.
+twin with the same budget, the bar the diffusion recipe must reach on reading pictures; ``codecs=FOLDER`` trains
+it on other codecs (a codec variant is judged on the same test cases, decoded through its own codecs).
 
 Each run and each verdict is cached in the output folder, so a killed job resumes where it stopped; a variant
 name already judged with other settings is refused.
@@ -41,6 +42,7 @@ def parse_variant(words: list[str]) -> tuple[str, dict]:
 
     name, *pairs = words
     types = {f.name: type(f.default) for f in fields(TrainConfig) if not isinstance(f.default, type(field()))}
+    types[CODECS_KEY] = str
     overrides = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -48,7 +50,18 @@ def parse_variant(words: list[str]) -> tuple[str, dict]:
             raise InputError(f"variant {name!r}: {pair!r} is not KEY=VALUE with KEY a training setting "
                              f"({', '.join(sorted(types))})")
         overrides[key] = _typed(value, types[key], f"variant {name!r}: {key}")
+    if CODECS_KEY in overrides:
+        folder = Path(overrides[CODECS_KEY]).expanduser()
+        if not folder.is_dir():
+            raise InputError(f"variant {name!r}: codecs={overrides[CODECS_KEY]!r} is not a folder (expected a codec "
+                             f"folder with text/, image/ and audio/, or a codecs.json naming them)")
+        overrides[CODECS_KEY] = str(folder.resolve())
     return name, overrides
+
+
+# A variant may train with its own codec folder (``codecs=PATH``), e.g. an image codec with fewer codes: its
+# data is tokenised with those codecs and its model judged through them, beside variants on the budget's codecs.
+CODECS_KEY = "codecs"
 
 
 def _typed(value: str, kind: type, what: str):
@@ -67,10 +80,12 @@ def train_variant(budget: RecipeBudget, name: str, overrides: dict, codec_dir, o
     from unimodal.training.train import RunOptions, TrainConfig, train
 
     run = out / name
+    settings = {k: v for k, v in overrides.items() if k != CODECS_KEY}
+    codec_dir = overrides.get(CODECS_KEY, codec_dir)
     cfg = TrainConfig(**{"preset": budget.preset, "steps": budget.steps, "batch_size": budget.batch_size,
                          "lr": budget.lr, "warmup": min(100, budget.steps // 10), "task_weights": dict(budget.tasks),
                          "val_every": max(1, budget.steps // 4), "checkpoint_every": 100, "ema_decay": 0.99,
-                         "seed": budget.seed, **overrides})
+                         "seed": budget.seed, **settings})
     if not (run / "model").is_dir():
         start = time.perf_counter()
         train(run, [d for d in budget.data.split(",") if d], codec_dir, cfg, resume=True, progress=progress,
@@ -190,7 +205,8 @@ def add_recipe_command(bench) -> None:
     recipe = bench.add_parser("recipe", help="score training-recipe variants by judged accuracy at one fixed budget")
     recipe.add_argument("--variant", nargs="+", action="append", required=True, metavar="NAME [KEY=VALUE ...]",
                         help="a variant: its name, then training settings it changes, e.g. --variant first "
-                             "loss_norm=maskable sparse_head=false (repeat for more; objective=ar: the AR twin)")
+                             "loss_norm=maskable sparse_head=false (repeat for more; objective=ar: the AR twin; "
+                             "codecs=FOLDER: its own codec folder)")
     for name in ("data", "preset"):
         recipe.add_argument(f"--{name}", default=getattr(RecipeBudget, name))
     for name in ("steps", "batch_size", "eval_n", "seed"):
