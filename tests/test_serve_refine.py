@@ -147,6 +147,7 @@ def test_the_critic_names_mirror_the_critics():
     ("critique", {"input": "x.mp4"}, InputFileError, "unknown kind of file"),
     ("critique", {"input": "PIC", "steps": 3}, InputError, "unknown key"),
     ("critique", {"input": "PIC", "fraction": 0}, SettingError, "fraction"),
+    ("critique", {"input": "PIC", "threshold": 0}, SettingError, r"threshold must be a number in \(0, 1\]"),
     ("critique", {"input": "PIC", "check": "yes"}, SettingError, "true or false"),
     ("critique", {"input": "PIC", "out": "heat.jpg"}, OutputPathError, ".png, .json"),
     ("critique", {"input": "CAPTION", "out": "heat.png"}, OutputPathError, ".json"),

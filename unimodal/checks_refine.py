@@ -98,7 +98,7 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
     options = {"text": check_text(request["prompt"], "prompt")} if request.get("prompt") is not None else {}
     checks = {"seed": _SETTING_CHECKS["seed"], "critic": _critic, "check": _flag,
               "fraction": lambda v: _real_setting("fraction", v, "in (0, 1]", lambda x: 0 < x <= 1),
-              "threshold": lambda v: _real_setting("threshold", v, "in [0, 1]", lambda x: 0 <= x <= 1),
+              "threshold": lambda v: _real_setting("threshold", v, "in (0, 1]", lambda x: 0 < x <= 1),
               "rounds": lambda v: _int_setting("rounds", v, 1),
               "budget": lambda v: _int_setting("budget", v, 1),
               "candidates": check_candidates,

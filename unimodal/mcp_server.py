@@ -217,7 +217,7 @@ Critic = Annotated[Literal["confidence", "learned", "random"], Field(
                 "learned (the critic head), random (ReMDM-style baseline)")]
 Fraction = Annotated[float | None, Field(gt=0, le=1, description="most tokens flagged per critique, as a share "
                                                                  "(default 0.25)")]
-Threshold = Annotated[float | None, Field(ge=0, le=1, description="flag only tokens scored below this "
+Threshold = Annotated[float | None, Field(gt=0, le=1, description="flag only tokens scored below this "
                                                                   "(default 0.5)")]
 Check = Annotated[bool, Field(description="also read the output back with the model (caption the picture, "
                                           "transcribe the speech) and compare with the prompt")]
