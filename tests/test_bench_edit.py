@@ -66,7 +66,10 @@ def test_the_summary_counts_each_group():
 def run(capsys, *argv):
     from unimodal.cli import main
 
-    code = main([str(a) for a in argv])
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exit:  # argparse refuses a flag's value itself: exit status 2, the message on stderr
+        code = exit.code
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -105,7 +108,8 @@ def test_bench_edit_with_candidates_records_each_cases_choice(tiny_caption_model
     assert code == 2 and "--candidates" in err
     code, _, err = run(capsys, "bench", "edit", "--model", tiny_caption_model_dir, "--candidates", "65",
                        "--out", tmp_path / "b3")
-    assert code == 2 and "at most 64" in err and not (tmp_path / "b3").exists()  # before any case is edited
+    assert code == 2 and "--candidates must be a whole number from 1 to 64" in err
+    assert not (tmp_path / "b3").exists()  # refused before any case is edited
 
 
 def test_bench_edit_refuses_bad_input_before_the_model_loads(tiny_caption_model_dir, tmp_path, capsys, monkeypatch):
@@ -114,7 +118,7 @@ def test_bench_edit_refuses_bad_input_before_the_model_loads(tiny_caption_model_
     monkeypatch.setattr(unimodal.serve, "load_pipeline", lambda *a, **k: pytest.fail("the model was loaded"))
     model = ["--model", tiny_caption_model_dir]
     code, _, err = run(capsys, "bench", "edit", *model, "--n", "0", "--out", tmp_path / "a")
-    assert code == 2 and "--n must be a positive number" in err and not (tmp_path / "a").exists()
+    assert code == 2 and "--n must be a positive whole number" in err and not (tmp_path / "a").exists()
     (tmp_path / "file").write_text("x")
     code, _, err = run(capsys, "bench", "edit", *model, "--n", "2", "--out", tmp_path / "file")
     assert code == 2 and "is a file" in err

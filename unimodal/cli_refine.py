@@ -177,9 +177,6 @@ def _check_bench_refine_args(args) -> Path:
     from unimodal.core.seeds import check_seed
     from unimodal.inference.refine import RefineConfig
 
-    for flag, value in (("--n", args.n), ("--best-of", args.best_of), ("--batch-size", args.batch_size)):
-        if value < 1:
-            raise InputError(f"{flag} must be a positive whole number, got {value}")
     for flag, value, what in (("--corrupt", args.corrupt, "codes to corrupt"),
                               ("--mistakes", args.mistakes, "tokens to re-mask")):
         if value is not None and not 0 < value < 1:
@@ -216,14 +213,9 @@ def _cmd_bench_refine_plot(args) -> int:
 
 def _cmd_bench_edit(args) -> int:
     """Every refusal (n, split, seed, --out, a missing judge) before the model loads or a case is drawn."""
-    from unimodal.checks import MAX_CANDIDATES, check_writable
+    from unimodal.checks import check_writable
     from unimodal.core.seeds import check_seed
 
-    if args.n < 1:
-        raise InputError(f"--n must be a positive number of cases, got {args.n}")
-    if not 1 <= args.candidates <= MAX_CANDIDATES:  # refused here, not once per case after the model loads
-        raise InputError(f"--candidates must be a positive number of regenerations, at most {MAX_CANDIDATES}, got "
-                         f"{args.candidates}")
     check_seed(args.seed, "--seed")
     out = user_path(args.out, "--out", OutputPathError)
     check_writable(out, is_folder=True)  # a file, or a folder that takes no new file, is refused here
@@ -250,6 +242,21 @@ def _refine_options(args) -> dict:
     options = {"temperature": args.temperature, "fraction": args.fraction, "threshold": args.threshold,
                "evaluator": args.evaluator, "patience": args.patience}
     return {k: v for k, v in options.items() if v is not None}
+
+
+def _candidates(value: str) -> int:
+    """An argparse type: ``--candidates`` as the library checks it (1 .. MAX_CANDIDATES), refused with the flag's
+    name before the model loads."""
+    from unimodal.checks import check_candidates
+    from unimodal.core.errors import SettingError
+
+    try:
+        return check_candidates(int(value))
+    except (ValueError, SettingError):
+        from unimodal.checks import MAX_CANDIDATES
+
+        raise argparse.ArgumentTypeError(f"--candidates must be a whole number from 1 to {MAX_CANDIDATES}, got "
+                                         f"{value!r}") from None
 
 
 def _positive(flag: str):
@@ -312,7 +319,7 @@ def add_refine_commands(sub) -> None:
                       "circle blue\", \"replace 'small' by 'large'\" (docs/critique.md); --prompt then says what "
                       "--in shows (else the model reads it back)")
     edit.add_argument("--trace", default=None, help="--instruction: write the plan and verdict here (.json)")
-    edit.add_argument("--candidates", type=_positive("--candidates"), default=1, help="regenerate the region this "
+    edit.add_argument("--candidates", type=_candidates, default=1, help="regenerate the region this "
                       "many times and keep the one that agrees best with the description, read back by the model")
     edit.set_defaults(func=_cmd_edit)
 
@@ -323,7 +330,7 @@ def _scene_bench(bench, name: str, help: str):
 
     sub = bench.add_parser(name, help=help)
     add_model_arguments(sub)
-    sub.add_argument("--n", type=int, default=64, help="scene cases of the split")
+    sub.add_argument("--n", type=_positive("--n"), default=64, help="scene cases of the split")
     sub.add_argument("--split", default="test")
     return sub
 
@@ -332,10 +339,10 @@ def add_bench_refine_command(bench) -> None:
     sub = _scene_bench(bench, "refine", "text->image judged accuracy: no refine vs refine (per critic, per round) "
                                         "vs best-of-N, with forward passes (needs unimodal[eval])")
     sub.add_argument("--rounds", type=int, default=3)
-    sub.add_argument("--best-of", type=int, default=4)
+    sub.add_argument("--best-of", type=_positive("--best-of"), default=4)
     sub.add_argument("--critics", default="confidence,random")
     sub.add_argument("--seed", type=int, default=0)
-    sub.add_argument("--batch-size", type=int, default=16)
+    sub.add_argument("--batch-size", type=_positive("--batch-size"), default=16)
     sub.add_argument("--temperature", type=float, default=None, help="sampling temperature of the regenerations "
                      "(default: the model's for images)")
     sub.add_argument("--fraction", type=float, default=None, help="most tokens a round flags, as a share (0.25)")
@@ -366,7 +373,7 @@ def add_bench_edit_command(bench) -> None:
     sub = _scene_bench(bench, "edit", "instructed picture edits (\"make the circle blue\") on real test scenes, "
                                       "judged by the scene judge, with forward passes (needs unimodal[eval])")
     sub.add_argument("--seed", type=int, default=0, help="case k's edit uses seed + k")
-    sub.add_argument("--candidates", type=int, default=1, help="regenerations per edit, the "
+    sub.add_argument("--candidates", type=_candidates, default=1, help="regenerations per edit, the "
                      "one whose picture makes the target caption likeliest (read back by the model) kept (1)")
     sub.add_argument("--modality", default="image", choices=["image", "audio", "text"], help="edit the pictures "
                      "(default), the spoken captions (\"say 'blue' instead of 'red'\", judged through Whisper) or "
