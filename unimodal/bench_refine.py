@@ -285,7 +285,7 @@ def bench_mistakes(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confid
     sampler = pipe._sampler_config({}, pipe.scheduler.target_kind([modality]))
     sampler = replace(sampler, steps=max(2, math.ceil(sampler.steps * fraction)))
     scores = {c: [] for c in critics}
-    wrong, far = [], []
+    wrong, far, distances = [], [], []
     labels = _decoded_labels(pipe, modality)
     for i, (case, truth) in enumerate(zip(cases, kind.truth(cases))):
         generator = torch.Generator().manual_seed(seed + i)
@@ -298,7 +298,8 @@ def bench_mistakes(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confid
         wrong.append((ids[:n] != truth[:n])[chosen[:n]].numpy())
         if labels is not None:
             distance = labels.distance(modality, truth[None, :n], ids[None, :n])[0]
-            far.append((distance > labels.thresholds[modality])[chosen[:n]].numpy() & wrong[-1])
+            distances.append(distance[chosen[:n]].numpy())
+            far.append((distances[-1] > labels.thresholds[modality]) & wrong[-1])
         for critic in critics:
             read = pipe.critique(kind.result(ids), **kind.condition(case), critic=critic, groups=groups, seed=seed + i)
             scores[critic].append(np.array(read.scores[modality])[:n][chosen[:n].numpy()])
@@ -309,12 +310,22 @@ def bench_mistakes(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confid
               "critics": {c: {"auroc": auroc(np.concatenate(s), flags), "precision_lowest_10pct": _lowest(s, wrong)}
                           for c, s in scores.items()}}
     if labels is not None:  # the same tokens, wrong only where their decoded content differs (critic_labels)
-        decoded = np.concatenate(far)
-        report["decoded"] = {"threshold": labels.thresholds[modality], "wrong": int(decoded.sum())}
+        decoded, distance = np.concatenate(far), np.concatenate(distances)
+        report["decoded"] = {"threshold": labels.thresholds[modality], "wrong": int(decoded.sum()),
+                             "distance_quantiles": {"q": list(QUANTILES),
+                                                    "wrong_by_token": _quantiles(distance[flags]),
+                                                    "right_by_token": _quantiles(distance[~flags])}}
         for critic, s in scores.items():
             report["critics"][critic].update(auroc_decoded=auroc(np.concatenate(s), decoded),
                                              precision_lowest_10pct_decoded=_lowest(s, far))
     return report
+
+
+QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+
+
+def _quantiles(values: np.ndarray) -> list[float] | None:
+    return [round(float(v), 4) for v in np.quantile(values, QUANTILES)] if len(values) else None
 
 
 def _decoded_labels(pipe, modality: str):
@@ -349,6 +360,9 @@ def format_mistakes(report: dict) -> str:
     if decoded:
         lines.append(f"*: wrong only where the decoded content differs (distance > {decoded['threshold']}, "
                      f"unimodal.training.critic_labels): {decoded['wrong']} of the {report['wrong']} wrong tokens")
+        spread = decoded["distance_quantiles"]
+        lines.append(f"decoded distance at quantiles {spread['q']}: tokens wrong by id {spread['wrong_by_token']}, "
+                     f"right by id {spread['right_by_token']}")
     return "\n".join(lines)
 
 
