@@ -36,6 +36,13 @@ CRITICS = ("learned", "confidence", "random")
 DEFAULT_GROUPS = 4  # re-masking a quarter at a time keeps 3/4 of the context for each scored token
 DEFAULT_FRACTION = 0.25  # at most this share of a modality's tokens is flagged per critique
 DEFAULT_THRESHOLD = 0.5  # and only tokens scored below this: a confident critic flags nothing
+# The confidence score's own default, per modality: a score that at most ~5% of *real* test tokens fall below
+# on the shipped model (pictures 5.2%, speech 4.7%, captions 0.2%; `unimodal bench refine --corrupt` prints
+# the quantiles), so a correct sample is mostly left alone. A real picture's codes are often unlikely one by
+# one (many codes decode alike: 70% of real image codes score below 0.5), so a threshold of 0.5 flagged a
+# quarter of every picture and later rounds redrew right codes; a random wrong code scores below these in
+# 94-100% of cases (docs/results.md, "Repair").
+CONFIDENCE_THRESHOLDS = {"image": 0.01, "text": 0.05, "audio": 0.001}
 
 
 # ---- the thing being critiqued ------------------------------------------------------------------------------
@@ -244,6 +251,27 @@ def sample_score(scores: Mapping[str, torch.Tensor]) -> float:
 # ---- low scores -> flagged tokens -> regions ----------------------------------------------------------------
 
 
+def thresholds_for(critic, threshold: float | None = None) -> dict[str, float]:
+    """Per modality, the score a token must fall below to be flagged: ``threshold`` for every modality when
+    given; else the critic's default (:data:`CONFIDENCE_THRESHOLDS` for the confidence score, whose scale is
+    the model's probability of each token; :data:`DEFAULT_THRESHOLD` for the learned head, whose 0.5 means
+    "as likely wrong as right", for random re-masking, which then flags its ``fraction``, and for callables)."""
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1:
+            raise InputError(f"threshold must be a number in (0, 1] or None (the critic's default), got {threshold!r}")
+        return {m: float(threshold) for m in MODALITIES}
+    if isinstance(critic, str) and critic == "confidence":
+        return dict(CONFIDENCE_THRESHOLDS)
+    return {m: DEFAULT_THRESHOLD for m in MODALITIES}
+
+
+def flags_of(scores: Mapping[str, torch.Tensor], critic, fraction: float = DEFAULT_FRACTION,
+             threshold: float | None = None) -> dict[str, torch.Tensor]:
+    """:func:`flagged` per modality, each at its threshold (:func:`thresholds_for`)."""
+    thresholds = thresholds_for(critic, threshold)
+    return {m: flagged(s, fraction, thresholds[m]) for m, s in scores.items()}
+
+
 def flagged(scores: torch.Tensor, fraction: float = DEFAULT_FRACTION,
             threshold: float = DEFAULT_THRESHOLD) -> torch.Tensor:
     """Bool per token: among the lowest ``fraction`` (at least one) and scored below ``threshold``."""
@@ -393,6 +421,6 @@ def remasked(layout: Layout, draft: Draft, selection: Mapping[str, torch.Tensor]
     return ids
 
 
-__all__ = ["CRITICS", "Draft", "TargetForward", "agreement_score", "confidence_scores", "flagged", "learned_scores", "make_critic",
+__all__ = ["CONFIDENCE_THRESHOLDS", "CRITICS", "Draft", "TargetForward", "agreement_score", "confidence_scores", "flagged", "flags_of", "learned_scores", "make_critic",
            "make_draft", "random_scores", "region_indices", "regions_from_flags", "remasked", "sample_score",
-           "selection_of", "text_offsets"]
+           "selection_of", "text_offsets", "thresholds_for"]

@@ -33,9 +33,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from unimodal.inference.critique import (DEFAULT_FRACTION, DEFAULT_GROUPS, DEFAULT_THRESHOLD, Draft, agreement_score,
-                                         flagged, make_critic, region_indices, regions_from_flags, remasked,
-                                         sample_score, selection_of)
+from unimodal.inference.critique import (DEFAULT_FRACTION, DEFAULT_GROUPS, Draft, agreement_score,
+                                         flags_of, make_critic, region_indices, regions_from_flags, remasked,
+                                         sample_score, selection_of, thresholds_for)
 from unimodal.inference.sampler import Request, SamplerConfig
 from unimodal.inference.sampler import generate as sample
 from unimodal.core.errors import InputError
@@ -47,7 +47,8 @@ NOT_KEPT = ("no improvement", "region cut the content after it")  # a round ran 
 @dataclass(frozen=True)
 class RefineConfig:
     """``rounds``: most rounds; ``budget``: most forward passes in all (None: no cap); ``fraction`` /
-    ``threshold``: which tokens a round may flag (the lowest ``fraction``, scored below ``threshold``);
+    ``threshold``: which tokens a round may flag (the lowest ``fraction``, scored below ``threshold``; None:
+    the critic's own default per modality, :func:`unimodal.inference.critique.thresholds_for`);
     ``groups``: re-masking groups of the confidence score; ``regen_steps``: sampler steps to regenerate a
     round's tokens (None: the sampler's steps scaled by the share of tokens re-masked, at least 2);
     ``seed``: noise of the regenerations (round r uses ``seed + r``) and of the random critic; ``evaluator``:
@@ -57,7 +58,7 @@ class RefineConfig:
     rounds: int = 3
     budget: int | None = None
     fraction: float = DEFAULT_FRACTION
-    threshold: float = DEFAULT_THRESHOLD
+    threshold: float | None = None
     groups: int = DEFAULT_GROUPS
     regen_steps: int | None = None
     seed: int = 0
@@ -77,6 +78,8 @@ class RefineConfig:
                 raise InputError(f"{name} must be a positive int or None, got {value!r}")
         for name in ("fraction", "threshold"):
             value = getattr(self, name)
+            if name == "threshold" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise InputError(f"{name} must be a number in (0, 1], got {value!r}")
 
@@ -86,9 +89,10 @@ def critic_name(critic) -> str:
 
 
 def plan_regions(layout, draft: Draft, scores: Mapping[str, torch.Tensor], config: RefineConfig,
-                 text_codec=None) -> list[dict]:
-    """The regions to redo: connected areas of flagged tokens."""
-    flags = {m: flagged(s, config.fraction, config.threshold) for m, s in scores.items()}
+                 text_codec=None, critic="confidence") -> list[dict]:
+    """The regions to redo: connected areas of flagged tokens (``critic`` names whose scores these are: it sets
+    the default thresholds)."""
+    flags = flags_of(scores, critic, config.fraction, config.threshold)
     return regions_from_flags(layout, flags, scores, draft, text_codec)
 
 
@@ -143,6 +147,7 @@ class _Loop:
     passes: int
     judge_passes: int  # what one evaluation costs
     confidence: dict  # per modality, the probability each token had when last sampled
+    critic: object = "confidence"  # the planning critic (its name sets the default thresholds)
 
 
 def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confidence",
@@ -177,9 +182,10 @@ def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confiden
     reuse = config.evaluator == "critic" and judged_by is critic  # the evaluation's scores plan the next round
     scores, score, passes = judge(draft)
     state = _Loop(draft, scores, score, passes, passes,
-                  {m: torch.as_tensor(v, dtype=torch.float32) for m, v in (confidence or {}).items()})
+                  {m: torch.as_tensor(v, dtype=torch.float32) for m, v in (confidence or {}).items()}, critic)
     trace = {"critic": critic_name(critic), "evaluator": evaluator,
              "config": {k: getattr(config, k) for k in config.__dataclass_fields__},
+             "thresholds": thresholds_for(critic, config.threshold),
              "score_initial": round(state.score, 6), "scoring_passes_initial": passes, "rounds": []}
     stopped, misses = None, 0
     for round_ in range(config.rounds):
@@ -207,7 +213,7 @@ def _round(model, layout, state: _Loop, plan, judge, sampler: SamplerConfig, con
                    for r in given_regions]  # the trace says exactly what a caller's region covered
     else:
         scores, plan_passes = (state.scores, 0) if plan is None else plan(state.draft, round_)
-        regions = plan_regions(layout, state.draft, scores, config, text_codec)
+        regions = plan_regions(layout, state.draft, scores, config, text_codec, state.critic)
     if not regions:
         state.passes += plan_passes
         return "nothing flagged"

@@ -12,9 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
-from unimodal.inference.critique import (Draft, TargetForward, audio_region, confidence_scores, flagged, image_region,
-                                learned_scores, make_draft, random_scores, region_indices, regions_from_flags,
-                                remasked, sample_score, score_groups, text_offsets)
+from unimodal.inference.critique import (CONFIDENCE_THRESHOLDS, DEFAULT_THRESHOLD, Draft, TargetForward, audio_region,
+                                confidence_scores, flagged, flags_of, image_region, learned_scores, make_draft,
+                                random_scores, region_indices, regions_from_flags, remasked, sample_score,
+                                score_groups, text_offsets, thresholds_for)
 from unimodal.inference.refine import RefineConfig
 from unimodal.tokenizers_mm.layout import MASK, Layout
 from unimodal.core.errors import InputError, SettingError
@@ -108,6 +109,22 @@ def test_flagged_takes_the_lowest_fraction_below_the_threshold():
     assert flagged(scores, 0.25, 0.5).nonzero().flatten().tolist() == [1, 5]
     assert flagged(scores, 1.0, 0.25).nonzero().flatten().tolist() == [1, 3, 5]
     assert not flagged(torch.ones(8), 0.5, 0.5).any()  # a confident critic flags nothing
+
+
+def test_each_critic_flags_below_its_own_threshold_unless_one_is_given():
+    assert thresholds_for("confidence") == CONFIDENCE_THRESHOLDS
+    assert all(0 < v < DEFAULT_THRESHOLD for v in CONFIDENCE_THRESHOLDS.values())
+    for critic in ("learned", "random", lambda tokens: tokens):
+        assert set(thresholds_for(critic).values()) == {DEFAULT_THRESHOLD}
+    assert set(thresholds_for("confidence", 0.3).values()) == {0.3}
+    for bad in (0, 1.5, True, "0.5"):
+        with pytest.raises(InputError, match="threshold must be a number in"):
+            thresholds_for("confidence", bad)
+    # the confidence score's own default: a picture's code at 0.02 is left alone, a caption token at 0.02 is not
+    scores = {"image": torch.tensor([0.02, 0.005, 0.9, 0.9]), "text": torch.tensor([0.02, 0.9, 0.9, 0.9])}
+    flags = flags_of(scores, "confidence", fraction=1.0)
+    assert flags["image"].tolist() == [False, True, False, False] and flags["text"].tolist() == [True, False, False, False]
+    assert flags_of(scores, "random", fraction=1.0)["image"].tolist() == [True, True, False, False]
 
 
 def test_score_groups_never_mask_an_image_token_with_a_4_neighbour():
@@ -247,6 +264,7 @@ def test_the_trace_is_json_and_counts_forward_passes(pipe, image_result):
     _, trace = pipe.refine(image_result, text=PROMPT, rounds=2, critic="confidence", groups=4, threshold=1.0, **FAST)
     assert json.loads(json.dumps(trace)) == trace
     assert trace["scoring_passes_initial"] == 4
+    assert set(trace["thresholds"].values()) == {1.0}  # the threshold given, for every modality
     for r in trace["rounds"]:
         assert r["forward_passes"] == r["regen_steps"] + 4  # regeneration, then the evaluation's 4 groups
         assert {"regions", "score_before", "score_after", "tokens_changed", "kept"} <= set(r)
@@ -503,9 +521,15 @@ def test_bench_refine_repair_mode_and_auroc(tiny_codec_dir, tmp_path, capsys):
                          "0.25", "--critics", "random", "--out", tmp_path / "repair")
     assert code == 0, err
     report = json.loads((tmp_path / "repair" / "bench_refine.json").read_text())
-    assert report["corrupted_fraction"] == 0.25 and 0 <= report["critics"]["random"]["codes_broken"] <= 1
+    row = report["critics"]["random"]
+    assert report["corrupted_fraction"] == 0.25 and 0 <= row["codes_broken"] <= 1
+    assert row["threshold"] == 0.5 and 0 <= row["real_flagged"] <= 1 and 0 <= row["corrupted_below_threshold"] <= 1
+    quantiles = list(row["real_score_quantiles"].values())  # the real tokens' scores, rising with the quantile
+    assert len(quantiles) == 6 and quantiles == sorted(quantiles)
+    assert "real flagged" in out and "scores of the real tokens, quantiles" in out
     code, out, err = run(capsys, "bench", "refine", "--model", model, "--n", "2", "--rounds", "1", "--corrupt",
                          "0.25", "--modality", "text", "--critics", "confidence", "--out", tmp_path / "text")
     assert code == 0, err
     report = json.loads((tmp_path / "text" / "bench_refine.json").read_text())
     assert report["modality"] == "text" and 0 <= report["critics"]["confidence"]["auroc"] <= 1
+    assert report["critics"]["confidence"]["threshold"] == CONFIDENCE_THRESHOLDS["text"]  # the critic's default

@@ -55,7 +55,8 @@ def test_summary_counts_the_verdicts_and_names_what_was_not_judged(demo_page):
     assert counts["judged"] + counts["not_judged"] == len(DIRECTIONS)
     assert counts["not_judged"] >= 2  # text->audio and image->audio: speech judging was switched off
     assert any("speech was not judged" in note for note in summary["notes"])
-    assert len(summary["refine"]["trace"]) == REFINE_ROUNDS
+    # the loop ran (it stops early when a round is not kept or nothing is flagged), never past its rounds
+    assert 1 <= len(summary["refine"]["trace"]) <= REFINE_ROUNDS
     assert f"{counts['right']} of {counts['judged']} judged outputs right" in summary_line(summary)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from unimodal.inference.critique import agreement_score, confidence_scores, make_draft, sample_score
+from unimodal.inference.critique import agreement_score, confidence_scores, make_draft, sample_score, thresholds_for
 from unimodal.inference.evaluate import EvalCase, Judges, judge_image, paired_difference, verdicts_of
 from unimodal.core.errors import InputError
 
@@ -237,14 +237,21 @@ def bench_repair(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confiden
     return report
 
 
+# Where the critic's scores of *real* (uncorrupted) tokens lie: a threshold at the 5% quantile flags about one
+# real token in twenty (inference/critique.py's CONFIDENCE_THRESHOLDS were read off these).
+REAL_QUANTILES = (0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
+
+
 def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rounds, seed, groups, options) -> dict:
     import torch
 
-    repaired, scores = [], []
+    repaired, scores, real = [], [], []
     for i, case in enumerate(cases):
         result, condition = kind.result(corrupt[i]), kind.condition(case)
         scores.append(np.array(pipe.critique(result, **condition, critic=critic, groups=groups,
                                              seed=seed + i).scores[kind.modality]))
+        real.append(np.array(pipe.critique(kind.result(truth[i]), **condition, critic=critic, groups=groups,
+                                           seed=seed + i).scores[kind.modality]))
         fixed, _ = pipe.refine(result, **condition, rounds=rounds, critic=critic, groups=groups, seed=seed + i,
                                **options)
         repaired.append(torch.tensor(fixed.token_ids[kind.modality]))
@@ -252,7 +259,12 @@ def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rou
     flags = np.concatenate([w.numpy() for w in wrong])
     restored = sum(int(((r[:len(t)] == t[:len(r)]) & w[:len(r)]).sum()) for r, t, w in zip(repaired, truth, wrong))
     broken = sum(_broken(r, t, w) for r, t, w in zip(repaired, truth, wrong))
-    return {"auroc": auroc(np.concatenate(scores), flags),
+    threshold = thresholds_for(critic, options.get("threshold"))[kind.modality]
+    real = np.concatenate(real)
+    return {"threshold": threshold, "real_flagged": float((real < threshold).mean()),
+            "real_score_quantiles": dict(zip(REAL_QUANTILES, np.quantile(real, REAL_QUANTILES).round(6).tolist())),
+            "corrupted_below_threshold": float((np.concatenate(scores)[flags] < threshold).mean()),
+            "auroc": auroc(np.concatenate(scores), flags),
             "precision_lowest_10pct": float(np.mean(np.concatenate([w.numpy()[k] for w, k in zip(wrong, lowest)]))),
             "accuracy_refined": float(np.mean(kind.verdicts(cases, repaired))),
             "codes_restored": restored / max(int(flags.sum()), 1),
@@ -373,16 +385,22 @@ def _broken(repaired, truth, wrong) -> int:
 
 
 def format_repair(report: dict) -> str:
-    lines = [f"{'critic':<12} {'AUROC':>6} {'prec@10%':>9} {'accuracy':>9} {'restored':>9} {'broken':>7}",
+    lines = [f"{'critic':<12} {'AUROC':>6} {'prec@10%':>9} {'accuracy':>9} {'restored':>9} {'broken':>7} "
+             f"{'threshold':>9} {'real flagged':>12} {'corrupted':>9}",
              f"{'(real, codec round trip)':<37} {report['accuracy_reconstructed']:>9.3f}",
              f"{'(corrupted ' + format(report['corrupted_fraction'], '.0%') + ')':<37} {report['accuracy_corrupted']:>9.3f}"]
     for critic, row in report["critics"].items():
         lines.append(f"{critic:<12} {_cell(row['auroc']):>6} {row['precision_lowest_10pct']:>9.3f} "
-                     f"{row['accuracy_refined']:>9.3f} {row['codes_restored']:>9.3f} {row['codes_broken']:>7.3f}")
+                     f"{row['accuracy_refined']:>9.3f} {row['codes_restored']:>9.3f} {row['codes_broken']:>7.3f} "
+                     f"{row['threshold']:>9g} {row['real_flagged']:>12.3f} {row['corrupted_below_threshold']:>9.3f}")
+    for critic, row in report["critics"].items():
+        quantiles = ", ".join(f"{float(q):.0%}: {v:.4g}" for q, v in row["real_score_quantiles"].items())
+        lines.append(f"{critic} scores of the real tokens, quantiles {quantiles}")
     lines.append(f"n={report['n']} real test cases, {report.get('modality', 'image')} corrupted, {report['rounds']} "
                  f"refine rounds, seed {report['seed']}, "
                  f"refine options {report.get('options') or {}}; "
-                 f"restored: corrupted codes back to the original; broken: other codes changed")
+                 f"restored: corrupted codes back to the original; broken: other codes changed; real flagged / "
+                 f"corrupted: shares of the real and of the corrupted tokens scored below the threshold")
     return "\n".join(lines)
 
 

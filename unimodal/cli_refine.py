@@ -286,7 +286,9 @@ def _add_common(parser, out_help: str) -> None:
 def _add_plan_flags(parser) -> None:
     parser.add_argument("--critic", default="confidence", help="confidence (default), random or learned")
     parser.add_argument("--fraction", type=float, default=0.25, help="most tokens flagged, as a share (0.25)")
-    parser.add_argument("--threshold", type=float, default=0.5, help="flag only tokens scored below this (0.5)")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="flag only tokens scored below this (default: the critic's own; for confidence per "
+                             "modality, image 0.01, caption 0.05, speech 0.001; 0.5 for the others)")
     parser.add_argument("--check", action="store_true", help="also read the output back with the model "
                                                              "(caption / transcribe) and compare with --prompt")
 
@@ -346,7 +348,8 @@ def add_bench_refine_command(bench) -> None:
     sub.add_argument("--temperature", type=float, default=None, help="sampling temperature of the regenerations "
                      "(default: the model's for images)")
     sub.add_argument("--fraction", type=float, default=None, help="most tokens a round flags, as a share (0.25)")
-    sub.add_argument("--threshold", type=float, default=None, help="flag only tokens scored below this (0.5)")
+    sub.add_argument("--threshold", type=float, default=None,
+                     help="flag only tokens scored below this (default: the critic's own, as in refine)")
     sub.add_argument("--evaluator", default=None, choices=["critic", "agreement"], help="what keeps a refine round: "
                      "the critic's own score (default) or the caption read back from the picture (agreement)")
     sub.add_argument("--patience", type=int, default=None, help="refine rounds in a row not kept before it stops (1)")

@@ -218,7 +218,9 @@ Critic = Annotated[Literal["confidence", "learned", "random"], Field(
 Fraction = Annotated[float | None, Field(gt=0, le=1, description="most tokens flagged per critique, as a share "
                                                                  "(default 0.25)")]
 Threshold = Annotated[float | None, Field(gt=0, le=1, description="flag only tokens scored below this "
-                                                                  "(default 0.5)")]
+                                                                  "(default: the critic's own; for confidence, "
+                                                                  "per modality: image 0.01, caption 0.05, "
+                                                                  "speech 0.001; 0.5 for the others)")]
 Check = Annotated[bool, Field(description="also read the output back with the model (caption the picture, "
                                           "transcribe the speech) and compare with the prompt")]
 Span = Annotated[list[float], Field(min_length=2, max_length=2)]

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from unimodal.inference.critique import (Draft, agreement_score, flagged, make_critic, make_draft, regions_from_flags,
+from unimodal.inference.critique import (Draft, agreement_score, flags_of, make_critic, make_draft, regions_from_flags,
                                          sample_score, selection_of)
 from unimodal.inference.refine import RefineConfig, regenerate
 from unimodal.inference.refine import refine as refine_draft
@@ -161,7 +161,7 @@ def require_trained_critic(pipe, critic) -> None:
 
 
 def critique(pipe, result, text=None, image=None, audio=None, critic="confidence", fraction: float = 0.25,
-             threshold: float = 0.5, groups: int = 4, cfg=None, check: bool = False, seed: int = 0) -> Critique:
+             threshold: float | None = None, groups: int = 4, cfg=None, check: bool = False, seed: int = 0) -> Critique:
     """Per-token scores, flagged regions and a picture of them; ``check`` also reads the output back."""
     require_trained_critic(pipe, critic)
     result = as_result(pipe, result)
@@ -170,7 +170,7 @@ def critique(pipe, result, text=None, image=None, audio=None, critic="confidence
         config = RefineConfig(fraction=fraction, threshold=threshold, groups=groups, seed=seed)
         score = make_critic(critic, pipe.backbone, pipe.layout, _scoring_cfg(pipe, draft, cfg), config.groups, seed)
         scores, passes = score(draft)
-        flags = {m: flagged(s, fraction, threshold) for m, s in scores.items()}
+        flags = flags_of(scores, critic, fraction, threshold)
         regions = regions_from_flags(pipe.layout, flags, scores, draft, pipe.text_codec)
     report = cross_modal_check(pipe, result, text, seed) if check else None
     if report is not None:
@@ -247,7 +247,7 @@ def speech_span(duration: float, text: str, start: int, length: int, half: float
 
 
 def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, budget: int | None = None,
-           critic="confidence", fraction: float = 0.25, threshold: float = 0.5, groups: int = 4,
+           critic="confidence", fraction: float = 0.25, threshold: float | None = None, groups: int = 4,
            regen_steps: int | None = None, regions: Sequence[Mapping] | None = None, check: bool = False,
            cfg=None, seed: int = 0, evaluator: str = "critic", patience: int = 1, on_round=None,
            **settings) -> tuple[GenerationResult, dict]:

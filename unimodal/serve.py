@@ -26,7 +26,7 @@ The self-critique ops take a file to work on (``input``, or ``in`` as the CLI sp
 a ``.txt`` caption) and the text it was made from (``prompt``), as ``unimodal critique / refine / edit`` do::
 
     {"id": 5, "op": "critique", "input": "red.png", "prompt": "a small red circle on the left",
-     "critic": "confidence", "fraction": 0.25, "threshold": 0.5, "check": false, "out": "heat.png"}
+     "critic": "confidence", "fraction": 0.25, "threshold": 0.01, "check": false, "out": "heat.png"}
     {"id": 6, "op": "refine", "input": "red.png", "prompt": "...", "rounds": 3, "budget": 200,
      "critic": "confidence", "regions": [{"box": [0, 16, 32, 48]}], "out": "fixed.png", "trace": "trace.json"}
     {"id": 7, "op": "edit", "input": "red.png", "box": [0, 16, 32, 48], "prompt": "a small blue circle on the
