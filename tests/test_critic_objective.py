@@ -285,7 +285,13 @@ def test_critic_only_trains_the_head_of_a_trained_model_and_nothing_else(tiny_co
     spec = cfg.loss_spec(toy_layout())
     assert cfg.trains_critic and spec.critic_only and spec.critic.weight == 1.0 and spec.to("cpu").critic_only
     trained = train(tmp_path / "critic", [str(tiny_scenes)], tiny_codec_dir, cfg, progress=False)
-    assert json.loads((trained / "training_config.json").read_text())["critic_trained"] is True
+    record = json.loads((trained / "training_config.json").read_text())
+    generator = json.loads((first / "training_config.json").read_text())
+    assert record["critic_trained"] is True and generator["critic_trained"] is False
+    # the folder describes its generator (the starting model's run), the critic run beside it
+    assert {k: v for k, v in record.items() if k not in ("critic_trained", "critic_head")} == \
+        {k: v for k, v in generator.items() if k != "critic_trained"}
+    assert record["critic_head"]["critic_only"] is True and record["critic_head"]["init_from"] == str(first)
 
     def weights(folder):
         files = sorted((folder / "backbone").glob("*.safetensors"))

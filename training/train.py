@@ -405,6 +405,19 @@ def check_data(names: list[str] | tuple[str, ...]) -> None:
         data_kind(name)
 
 
+def training_record(cfg: TrainConfig) -> dict:
+    """What ``training_config.json`` says of the weights. A critic-only run's generator is its ``init_from``
+    model's, unchanged: the record is that model's (how the generator was trained), with this run under
+    ``critic_head``, so the folder does not read as a model of the critic run's few steps."""
+    record = {**asdict(cfg), "critic_trained": cfg.trains_critic}
+    source = Path(cfg.init_from or "") / "training_config.json"
+    if not cfg.critic_only or not source.is_file():
+        return record
+    generator = json.loads(source.read_text())
+    return {**{k: v for k, v in generator.items() if k != "critic_head"}, "critic_trained": True,
+            "critic_head": {k: v for k, v in record.items() if k != "critic_trained"}}
+
+
 def write_model_folder(directory: Path, model: DiT, ema: EMA, layout, codec_dir: Path | None, cfg: TrainConfig,
                        shard_mb: int | None = None, half: bool = False, datasets: list[str] | None = None) -> Path:
     """A self-describing model folder: backbone (EMA weights), layout.json, the three codecs, the config.
@@ -430,7 +443,7 @@ def write_model_folder(directory: Path, model: DiT, ema: EMA, layout, codec_dir:
             shutil.copytree(codec_folder(codec_dir, modality), directory / modality, dirs_exist_ok=True)
     with open(directory / "training_config.json", "w") as f:
         # critic_trained: whether these weights' critic head was trained (critic="learned" refuses a model without)
-        json.dump({**asdict(cfg), "critic_trained": cfg.trains_critic}, f, indent=2)
+        json.dump(training_record(cfg), f, indent=2)
     if datasets:
         from unimodal.core.grammar import known_vocabulary
 
