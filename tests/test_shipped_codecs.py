@@ -45,6 +45,12 @@ def test_packaged_default_model_loads_offline_and_generates(monkeypatch):
     assert caption.settings["temperature"] == 0.0  # captions decode greedily by default
     picture = pipe.generate(text=sample.text, to="image", steps=4, seed=0)
     assert picture.image.size == (64, 64) and picture.settings["cfg"] == 3.0
+    # the shipped model carries a trained critic head (trained alone, docs/critique.md): critic="learned" works
+    assert pipe.config.critic_trained
+    report = pipe.critique(picture, text=sample.text, critic="learned")
+    scores = np.array(report.scores["image"])
+    assert report.forward_passes == 1 and scores.shape == (64,) and 0 <= scores.min() and scores.max() <= 1
+    assert scores.std() > 0.01  # a trained head tells codes apart; an untrained one says 0.5 everywhere
 
 
 def test_each_shipped_codec_is_stored_once():

@@ -237,6 +237,22 @@ def bench_repair(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confiden
     return report
 
 
+# A repair bench's bound on the regenerate half: a critic that knows the real tokens (scores 0 where a token
+# differs from them, 1 elsewhere), so it flags exactly the corrupted ones and keeps a round when more tokens
+# are back; what it does not restore, the model's regeneration lost.
+ORACLE = "oracle"
+
+
+def _oracle(modality: str, truth):
+    def knows(tokens):
+        ids = tokens[modality]
+        same = (ids[:len(truth)] == truth[:len(ids)]).float()
+        return {modality: np.concatenate([same.numpy(), np.zeros(max(0, len(ids) - len(truth)))])}
+
+    knows.__name__ = ORACLE
+    return knows
+
+
 # Where the critic's scores of *real* (uncorrupted) tokens lie: a threshold at the 5% quantile flags about one
 # real token in twenty (inference/critique.py's CONFIDENCE_THRESHOLDS were read off these).
 REAL_QUANTILES = (0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
@@ -248,18 +264,19 @@ def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rou
     repaired, scores, real = [], [], []
     for i, case in enumerate(cases):
         result, condition = kind.result(corrupt[i]), kind.condition(case)
-        scores.append(np.array(pipe.critique(result, **condition, critic=critic, groups=groups,
+        scorer = _oracle(kind.modality, truth[i]) if critic == ORACLE else critic
+        scores.append(np.array(pipe.critique(result, **condition, critic=scorer, groups=groups,
                                              seed=seed + i).scores[kind.modality]))
-        real.append(np.array(pipe.critique(kind.result(truth[i]), **condition, critic=critic, groups=groups,
+        real.append(np.array(pipe.critique(kind.result(truth[i]), **condition, critic=scorer, groups=groups,
                                            seed=seed + i).scores[kind.modality]))
-        fixed, _ = pipe.refine(result, **condition, rounds=rounds, critic=critic, groups=groups, seed=seed + i,
+        fixed, _ = pipe.refine(result, **condition, rounds=rounds, critic=scorer, groups=groups, seed=seed + i,
                                **options)
         repaired.append(torch.tensor(fixed.token_ids[kind.modality]))
     lowest = [np.argsort(s, kind="stable")[:max(1, round(len(s) * 0.1))] for s in scores]
     flags = np.concatenate([w.numpy() for w in wrong])
     restored = sum(int(((r[:len(t)] == t[:len(r)]) & w[:len(r)]).sum()) for r, t, w in zip(repaired, truth, wrong))
     broken = sum(_broken(r, t, w) for r, t, w in zip(repaired, truth, wrong))
-    threshold = thresholds_for(critic, options.get("threshold"))[kind.modality]
+    threshold = thresholds_for(critic if critic != ORACLE else None, options.get("threshold"))[kind.modality]
     real = np.concatenate(real)
     return {"threshold": threshold, "real_flagged": float((real < threshold).mean()),
             "real_score_quantiles": dict(zip(REAL_QUANTILES, np.quantile(real, REAL_QUANTILES).round(6).tolist())),

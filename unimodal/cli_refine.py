@@ -136,7 +136,10 @@ def _cmd_bench_refine(args) -> int:
     from unimodal.eval_cases import load_cases
     from unimodal.serve import load_pipeline, resolve_model_dir
 
-    critics = [_critic(c.strip()) for c in args.critics.split(",") if c.strip()]
+    critics = [c.strip() for c in args.critics.split(",") if c.strip()]
+    for critic in critics:
+        if critic != "oracle" or args.corrupt is None:  # the oracle knows the real tokens: only a repair bench has them
+            _critic(critic)
     out = _check_bench_refine_args(args)
     model_dir = resolve_model_dir(args.model)
     pipe = load_pipeline(model_dir, args.device)
@@ -342,7 +345,9 @@ def add_bench_refine_command(bench) -> None:
                                         "vs best-of-N, with forward passes (needs unimodal[eval])")
     sub.add_argument("--rounds", type=int, default=3)
     sub.add_argument("--best-of", type=_positive("--best-of"), default=4)
-    sub.add_argument("--critics", default="confidence,random")
+    sub.add_argument("--critics", default="confidence,random",
+                     help="comma-separated: confidence, random, learned; with --corrupt also oracle (flags exactly "
+                          "the corrupted tokens: the bound of the regeneration)")
     sub.add_argument("--seed", type=int, default=0)
     sub.add_argument("--batch-size", type=_positive("--batch-size"), default=16)
     sub.add_argument("--temperature", type=float, default=None, help="sampling temperature of the regenerations "
