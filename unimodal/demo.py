@@ -227,7 +227,8 @@ def summary_line(summary: dict) -> str:
     line = (f"{len(summary['directions'])} directions: {counts['right']} of {counts['judged']} judged outputs right"
             + (f", {counts['not_judged']} not judged" if counts["not_judged"] else ""))
     if refine["rounds"]:
-        line += f"; refine: {refine['rounds']} rounds, draft {_word(refine['draft_right'])} -> {_word(refine['final_right'])}"
+        rounds = f"{refine['rounds']} round{'s' if refine['rounds'] != 1 else ''}"
+        line += f"; refine: {rounds}, draft {_word(refine['draft_right'])} -> {_word(refine['final_right'])}"
     return line + f"; {summary['seconds']} s"
 
 
