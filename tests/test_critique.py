@@ -369,6 +369,8 @@ def test_critique_reports_scores_regions_and_pictures(pipe, image_result, tmp_pa
     assert len(report.scores["image"]) == 64 and report.forward_passes == 4 and report.regions
     assert report.save(tmp_path / "heat.png").is_file() and report.picture.size == (2 * 4 * 64, 4 * 64)
     assert json.loads(report.save(tmp_path / "c.json").read_text())["regions"] == report.regions
+    assert report.to_dict()["thresholds"] == {"image": 1.0}  # what a token had to score below, as given
+    assert pipe.critique(image_result, text=PROMPT).to_dict()["thresholds"] == {"image": CONFIDENCE_THRESHOLDS["image"]}
     clip = pipe.generate(text=PROMPT, to="audio", seed=0, max_audio_seconds=0.8, **FAST)
     curve = pipe.critique(clip, text=PROMPT, threshold=1.0)
     assert curve.picture is not None and curve.save(tmp_path / "curve.png").is_file()

@@ -24,7 +24,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from unimodal.inference.critique import (Draft, agreement_score, flags_of, make_critic, make_draft, regions_from_flags,
-                                         sample_score, selection_of)
+                                         sample_score, selection_of, thresholds_for)
 from unimodal.inference.refine import RefineConfig, regenerate
 from unimodal.inference.refine import refine as refine_draft
 from unimodal.tokenizers_mm.layout import MODALITIES
@@ -43,7 +43,8 @@ class Critique:
     """What :meth:`UniModal.critique` found. ``scores``: per generated modality, one score in [0, 1] per
     token (1: looks right); ``regions``: the flagged areas in native units, each with its token ``indices``
     and mean ``score``; ``score``: the draft's mean log-score; ``check``: the cross-modal check (None if
-    not run); ``picture``: the heat map over the image, or the score curve under the audio (None for text)."""
+    not run); ``picture``: the heat map over the image, or the score curve under the audio (None for text);
+    ``thresholds``: per modality, the score a token had to fall below to be flagged."""
 
     critic: str
     scores: dict[str, list[float]]
@@ -52,10 +53,12 @@ class Critique:
     forward_passes: int
     check: dict | None = None
     picture: Image.Image | None = field(default=None, repr=False)
+    thresholds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"critic": self.critic, "score": round(self.score, 6), "forward_passes": self.forward_passes,
                 "scores": {m: [round(s, 4) for s in v] for m, v in self.scores.items()},
+                "thresholds": {m: self.thresholds[m] for m in self.scores if m in self.thresholds},
                 "regions": self.regions, "check": self.check}
 
     def save(self, path) -> Path:
@@ -177,7 +180,7 @@ def critique(pipe, result, text=None, image=None, audio=None, critic="confidence
         passes += report["forward_passes"]
     return Critique(critic if isinstance(critic, str) else "callable",
                     {m: [float(v) for v in s] for m, s in scores.items()}, regions, sample_score(scores), passes,
-                    report, _picture(pipe, result, scores, regions))
+                    report, _picture(pipe, result, scores, regions), thresholds_for(critic, threshold))
 
 
 # ---- the cross-modal check ----------------------------------------------------------------------------------
