@@ -41,7 +41,8 @@ DEFAULT_THRESHOLD = 0.5  # and only tokens scored below this: a confident critic
 # the quantiles), so a correct sample is mostly left alone. A real picture's codes are often unlikely one by
 # one (many codes decode alike: 70% of real image codes score below 0.5), so a threshold of 0.5 flagged a
 # quarter of every picture and later rounds redrew right codes; a random wrong code scores below these in
-# 94-100% of cases (docs/results.md, "Repair").
+# 94-100% of cases (docs/results.md, "Each critic's own threshold"). They were read off the shipped model at
+# 4 scoring groups: another model, or fewer groups, may want its own (`--threshold`; the bench prints them).
 CONFIDENCE_THRESHOLDS = {"image": 0.01, "text": 0.05, "audio": 0.001}
 
 

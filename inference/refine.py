@@ -15,7 +15,8 @@ it tries something new (fresh positions for the random critic, fresh samples for
 
 - ``"critic"``: the critic itself (the mean log-score of the draft's tokens), except for ``random``, whose
   scores mean nothing: there the model's confidence judges, so the random baseline differs from the
-  confidence critic only in *where* it re-masks;
+  confidence critic in *where* it re-masks and in how much (random flags its ``fraction``; confidence only
+  tokens below its own thresholds, often fewer);
 - ``"agreement"``: the request read back from the draft by the same model
   (:func:`unimodal.inference.critique.agreement_score`, one model call): a round is kept when the picture (or
   speech, or caption) makes the request more likely. The critic still plans where to re-mask.
@@ -89,9 +90,9 @@ def critic_name(critic) -> str:
 
 
 def plan_regions(layout, draft: Draft, scores: Mapping[str, torch.Tensor], config: RefineConfig,
-                 text_codec=None, critic="confidence") -> list[dict]:
+                 text_codec=None, critic=None) -> list[dict]:
     """The regions to redo: connected areas of flagged tokens (``critic`` names whose scores these are: it sets
-    the default thresholds)."""
+    the default thresholds; None: :data:`~unimodal.inference.critique.DEFAULT_THRESHOLD`)."""
     flags = flags_of(scores, critic, config.fraction, config.threshold)
     return regions_from_flags(layout, flags, scores, draft, text_codec)
 
@@ -185,7 +186,8 @@ def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confiden
                   {m: torch.as_tensor(v, dtype=torch.float32) for m, v in (confidence or {}).items()}, critic)
     trace = {"critic": critic_name(critic), "evaluator": evaluator,
              "config": {k: getattr(config, k) for k in config.__dataclass_fields__},
-             "thresholds": thresholds_for(critic, config.threshold),
+             "thresholds": {m: v for m, v in thresholds_for(critic, config.threshold).items()
+                            if m in draft.tokens(layout)},
              "score_initial": round(state.score, 6), "scoring_passes_initial": passes, "rounds": []}
     stopped, misses = None, 0
     for round_ in range(config.rounds):

@@ -533,8 +533,8 @@ def test_bench_refine_repair_mode_and_auroc(tiny_codec_dir, tmp_path, capsys):
                          "0.25", "--critics", "oracle", "--out", tmp_path / "oracle")
     assert code == 0, err
     oracle = json.loads((tmp_path / "oracle" / "bench_refine.json").read_text())["critics"]["oracle"]
-    # it knows the real codes: it scores exactly the corrupted ones low, and redraws no other code
-    assert oracle["auroc"] == 1.0 and oracle["real_flagged"] == 0.0 and oracle["codes_broken"] == 0.0
+    # it knows the real codes: it scores exactly the corrupted ones low and no real one
+    assert oracle["auroc"] == 1.0 and oracle["real_flagged"] == 0.0 and oracle["corrupted_below_threshold"] == 1.0
     code, out, err = run(capsys, "bench", "refine", "--model", model, "--n", "2", "--critics", "oracle",
                          "--out", tmp_path / "no-oracle")
     assert code != 0 and "--critic must be one of" in err  # only a repair bench knows the real tokens

@@ -34,6 +34,7 @@ from unimodal.training.schedule import MaskSchedule
 from unimodal.training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, TaskMixture, build_example, collate_examples
 from unimodal.training.tokens import MAX_AUDIO_SECONDS
 from unimodal.core.errors import DataError, InputError
+from unimodal.core.paths import atomic_write
 from unimodal.training.data.sources import data_kind, dataset_names, resolve_data
 from unimodal.core.int8 import load_pretrained
 
@@ -441,9 +442,10 @@ def write_model_folder(directory: Path, model: DiT, ema: EMA, layout, codec_dir:
 
         for modality in CODEC_MODALITIES:
             shutil.copytree(codec_folder(codec_dir, modality), directory / modality, dirs_exist_ok=True)
-    with open(directory / "training_config.json", "w") as f:
-        # critic_trained: whether these weights' critic head was trained (critic="learned" refuses a model without)
-        json.dump(training_record(cfg), f, indent=2)
+    # critic_trained: whether these weights' critic head was trained (critic="learned" refuses a model without).
+    # The record is read first: a critic-only run may write over the very folder it started from.
+    record = json.dumps(training_record(cfg), indent=2)
+    atomic_write(directory / "training_config.json", lambda path: Path(path).write_text(record))
     if datasets:
         from unimodal.core.grammar import known_vocabulary
 

@@ -238,16 +238,20 @@ def bench_repair(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confiden
 
 
 # A repair bench's bound on the regenerate half: a critic that knows the real tokens (scores 0 where a token
-# differs from them, 1 elsewhere), so it flags exactly the corrupted ones and keeps a round when more tokens
-# are back; what it does not restore, the model's regeneration lost.
+# differs from them, 1 elsewhere), so it scores exactly the corrupted ones low (its image regions are their
+# boxes, which may hold right codes too) and keeps a round when more tokens are back; what it does not restore,
+# the model's regeneration lost.
 ORACLE = "oracle"
 
 
 def _oracle(modality: str, truth):
     def knows(tokens):
         ids = tokens[modality]
-        same = (ids[:len(truth)] == truth[:len(ids)]).float()
-        return {modality: np.concatenate([same.numpy(), np.zeros(max(0, len(ids) - len(truth)))])}
+        same = np.concatenate([(ids[:len(truth)] == truth[:len(ids)]).float().numpy(),
+                               np.zeros(max(0, len(ids) - len(truth)))])
+        if len(ids) < len(truth) and len(same):  # an END written early cut real tokens: the last one is wrong
+            same[-1] = 0.0
+        return {modality: same}
 
     knows.__name__ = ORACLE
     return knows

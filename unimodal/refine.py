@@ -58,7 +58,7 @@ class Critique:
     def to_dict(self) -> dict:
         return {"critic": self.critic, "score": round(self.score, 6), "forward_passes": self.forward_passes,
                 "scores": {m: [round(s, 4) for s in v] for m, v in self.scores.items()},
-                "thresholds": {m: self.thresholds[m] for m in self.scores if m in self.thresholds},
+                "thresholds": dict(self.thresholds),
                 "regions": self.regions, "check": self.check}
 
     def save(self, path) -> Path:
@@ -180,7 +180,8 @@ def critique(pipe, result, text=None, image=None, audio=None, critic="confidence
         passes += report["forward_passes"]
     return Critique(critic if isinstance(critic, str) else "callable",
                     {m: [float(v) for v in s] for m, s in scores.items()}, regions, sample_score(scores), passes,
-                    report, _picture(pipe, result, scores, regions), thresholds_for(critic, threshold))
+                    report, _picture(pipe, result, scores, regions),
+                    {m: v for m, v in thresholds_for(critic, threshold).items() if m in scores})
 
 
 # ---- the cross-modal check ----------------------------------------------------------------------------------
