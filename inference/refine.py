@@ -148,7 +148,7 @@ class _Loop:
     passes: int
     judge_passes: int  # what one evaluation costs
     confidence: dict  # per modality, the probability each token had when last sampled
-    critic: object = "confidence"  # the planning critic (its name sets the default thresholds)
+    critic: object  # the planning critic (its name sets the default thresholds)
 
 
 def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confidence",

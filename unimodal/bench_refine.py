@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from unimodal.inference.critique import agreement_score, confidence_scores, make_draft, sample_score, thresholds_for
+from unimodal.inference.critique import agreement_score, confidence_scores, make_draft, sample_score
 from unimodal.inference.evaluate import EvalCase, Judges, judge_image, paired_difference, verdicts_of
 from unimodal.core.errors import InputError
 
@@ -269,8 +269,9 @@ def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rou
     for i, case in enumerate(cases):
         result, condition = kind.result(corrupt[i]), kind.condition(case)
         scorer = _oracle(kind.modality, truth[i]) if critic == ORACLE else critic
-        scores.append(np.array(pipe.critique(result, **condition, critic=scorer, groups=groups,
-                                             seed=seed + i).scores[kind.modality]))
+        report = pipe.critique(result, **condition, critic=scorer, groups=groups, seed=seed + i,
+                               threshold=options.get("threshold"))
+        scores.append(np.array(report.scores[kind.modality]))
         real.append(np.array(pipe.critique(kind.result(truth[i]), **condition, critic=scorer, groups=groups,
                                            seed=seed + i).scores[kind.modality]))
         fixed, _ = pipe.refine(result, **condition, rounds=rounds, critic=scorer, groups=groups, seed=seed + i,
@@ -280,7 +281,7 @@ def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rou
     flags = np.concatenate([w.numpy() for w in wrong])
     restored = sum(int(((r[:len(t)] == t[:len(r)]) & w[:len(r)]).sum()) for r, t, w in zip(repaired, truth, wrong))
     broken = sum(_broken(r, t, w) for r, t, w in zip(repaired, truth, wrong))
-    threshold = thresholds_for(critic if critic != ORACLE else None, options.get("threshold"))[kind.modality]
+    threshold = report.thresholds[kind.modality]  # what refine flagged below, as the critique resolved it
     real = np.concatenate(real)
     return {"threshold": threshold, "real_flagged": float((real < threshold).mean()),
             "real_score_quantiles": dict(zip(REAL_QUANTILES, np.quantile(real, REAL_QUANTILES).round(6).tolist())),
