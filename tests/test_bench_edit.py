@@ -24,6 +24,21 @@ def test_the_instruction_names_the_first_object_and_a_colour_no_object_has():
     assert all(p.startswith("make the red circle ") and p.split()[-1] not in ("red", "blue") for p in pair)
 
 
+def test_a_picture_edit_may_ask_for_another_size_shape_or_place():
+    from unimodal.bench_edit import edit_cases
+
+    assert edit_instruction(ONE, 0, change="size") == "make the circle large"
+    assert edit_instruction(PAIR, 0, change="size") == "make the red circle large"
+    shapes = {edit_instruction(PAIR, k, change="shape") for k in range(4)}
+    assert shapes == {"turn the red circle into a triangle", "turn the red circle into a cross"}  # none it has
+    places = [edit_instruction(ONE, k, change="position") for k in range(4)]
+    assert len(set(places)) == 4 and "move the circle to the left" not in places  # it is on the left
+    cases = [type("Case", (), {"truth": t})() for t in (ONE, PAIR, ONE)]
+    assert len(edit_cases(cases, "position")) == 2 and len(edit_cases(cases, "shape")) == 3  # moves: one object
+    with pytest.raises(Exception, match="changes one of"):
+        edit_cases(cases, "mood")
+
+
 def test_speech_and_caption_instructions_replace_the_first_objects_colour_word():
     from unimodal.core.grammar import COLORS
 
@@ -53,13 +68,13 @@ def test_speech_edits_run_through_the_speech_judge(tiny_caption_model_dir, tmp_p
 
 
 def test_the_summary_counts_each_group():
-    row = dict(judged_right=False, colour_right=True, verdict=False, source_judged_right=True, outside_changed=0,
+    row = dict(judged_right=False, asked_right=True, verdict=False, source_judged_right=True, outside_changed=0,
                passes=10)
     rows = [{**row, "objects": 1, "judged_right": True}, {**row, "objects": 1}, {**row, "objects": 2, "passes": 20,
                                                                                   "refused": "ambiguous"}]
     summary = summarise(rows)
     assert summary["all"]["n"] == 3 and summary["one object"]["judged_right"] == 1
-    assert summary["one object"]["judged_right_share"] == 0.5 and summary["pairs"]["colour_right"] == 1
+    assert summary["one object"]["judged_right_share"] == 0.5 and summary["pairs"]["asked_right"] == 1
     assert summary["all"]["refused"] == 1 and summary["all"]["mean_forward_passes"] == pytest.approx(40 / 3)
 
 
@@ -86,7 +101,7 @@ def test_bench_edit_command_prints_the_table_and_writes_every_row(tiny_caption_m
     report, out = bench_edit(capsys, tiny_caption_model_dir, tmp_path / "bench", "--n", "2", "--seed", "3")
     assert report["n"] == 2 and report["seed"] == 3 and report["split"] == "test" and len(report["model_hash"]) == 16
     assert set(report["summary"]) == {"all", "one object", "pairs"}
-    assert {"judged_right", "colour_right", "verdict", "source_judged_right", "outside_changed",
+    assert {"judged_right", "asked_right", "verdict", "source_judged_right", "outside_changed",
             "mean_forward_passes", "refused"} <= set(report["summary"]["all"])
     assert [r["seed"] for r in report["rows"]] == [3, 4] and all(r["instruction"].startswith("make the ")
                                                                  for r in report["rows"])
@@ -95,12 +110,16 @@ def test_bench_edit_command_prints_the_table_and_writes_every_row(tiny_caption_m
     assert str(tmp_path / "bench" / "bench_edit.json") in out
     assert not [p for p in (tmp_path / "bench").iterdir() if p.name != "bench_edit.json"]  # no temporary left
     assert report["candidates"] == 1 and "1 candidate(s) per edit" in out
+    assert report["change"] == "colour" and report["draft"] is True and "pixels drafted" in out
+    assert all(r["draft"]["used"] for r in report["rows"] if not r.get("refused"))
 
 
 def test_bench_edit_with_candidates_records_each_cases_choice(tiny_caption_model_dir, tmp_path, capsys):
     pytest.importorskip("cv2")
-    report, out = bench_edit(capsys, tiny_caption_model_dir, tmp_path / "bench", "--n", "1", "--candidates", "2")
-    assert report["candidates"] == 2 and "2 candidate(s) per edit" in out
+    report, out = bench_edit(capsys, tiny_caption_model_dir, tmp_path / "bench", "--n", "1", "--candidates", "2",
+                             "--no-draft")
+    assert report["candidates"] == 2 and "2 candidate(s) per edit" in out and report["draft"] is False
+    assert "redrawn by the model from the target caption (no pixel draft)" in out
     row = report["rows"][0]
     assert row.get("refused") or (row["candidates"]["candidates"] == 2 and len(row["candidates"]["agreement"]) == 2)
     code, _, err = run(capsys, "bench", "edit", "--model", tiny_caption_model_dir, "--candidates", "0",
@@ -128,3 +147,6 @@ def test_bench_edit_refuses_bad_input_before_the_model_loads(tiny_caption_model_
     assert code == 2 and "--seed" in err
     code, _, err = run(capsys, "bench", "edit", "--model", tmp_path / "nothing", "--n", "2", "--out", tmp_path / "c")
     assert code == 2 and "does not exist" in err and not (tmp_path / "c").exists()
+    code, _, err = run(capsys, "bench", "edit", *model, "--modality", "text", "--change", "size",
+                       "--out", tmp_path / "d")
+    assert code == 2 and "--change size edits pictures" in err and not (tmp_path / "d").exists()

@@ -155,7 +155,7 @@ def _outside(before, after, indices):
 
 def test_a_picture_edit_changes_only_the_planned_region_and_reports_its_plan(pipe):
     picture = _scene(ONE)[0]
-    edited, trace = pipe.edit(picture, instruction="make the circle blue", text=PROMPT, **FAST)
+    edited, trace = pipe.edit(picture, instruction="make the circle blue", text=PROMPT, draft=False, **FAST)
     assert json.loads(json.dumps(trace)) == trace
     plan = trace["plan"]
     assert plan["target"] == "a small blue circle on the left" and plan["read_by"] == "caller"
@@ -174,11 +174,64 @@ def test_a_picture_edit_changes_only_the_planned_region_and_reports_its_plan(pip
 
 def test_an_instructed_edit_with_candidates_keeps_the_one_the_target_agrees_with_best(pipe):
     picture = _scene(ONE)[0]
-    edited, trace = pipe.edit(picture, instruction="make the circle blue", text=PROMPT, candidates=2, **FAST)
+    edited, trace = pipe.edit(picture, instruction="make the circle blue", text=PROMPT, candidates=2, draft=False,
+                              **FAST)
     chosen = trace["plan"]["candidates"]
     assert chosen["candidates"] == 2 and chosen["agreement"][chosen["kept"]] == max(chosen["agreement"])
     assert trace["passes"]["execute"] == 2 * (4 + 1)  # two regenerations, each read back once
     assert trace["tokens_changed"]["outside"] == 0 and json.loads(json.dumps(trace)) == trace
+
+
+def _drafted_codes(pipe, picture, plan):
+    """The codes the pixel draft of ``plan`` gives inside its regions (what the edit starts from)."""
+    from unimodal.inference.picture_draft import draft_picture
+    from unimodal.instructed import _half, _side, colour_mask
+
+    source, target, k = plan["source"], plan["target_attributes"], plan["object"]
+    core = _half(colour_mask(picture, source["objects"][k]["color"]), _side(source, k))
+    drafted = draft_picture(picture, core, source["objects"][k], target["objects"][k])
+    return pipe.image_codec.encode(drafted[None])[0].tolist()
+
+
+@pytest.mark.parametrize("said", ["make the circle blue", "make it large", "move the circle to the right"])
+def test_a_colour_size_or_place_change_is_the_objects_pixels_moved(pipe, said):
+    from unimodal.refine import as_result
+
+    picture = _scene(ONE)[0]
+    edited, trace = pipe.edit(picture, instruction=said, text=PROMPT, **FAST)
+    plan = trace["plan"]
+    assert plan["draft"]["used"] is True and "touch_up" not in plan and json.loads(json.dumps(trace)) == trace
+    inside = set().union(*(pipe.layout.image_box_to_positions(r["box"]).tolist() for r in plan["regions"]))
+    before, after, drafted = (as_result(pipe, picture).token_ids["image"], edited.token_ids["image"],
+                              _drafted_codes(pipe, picture, plan))
+    assert [after[k] for k in sorted(inside)] == [drafted[k] for k in sorted(inside)]  # the draft's codes ...
+    assert _outside(before, after, inside) == [] and trace["tokens_changed"]["outside"] == 0  # ... only there
+    assert plan["draft"]["codes_drafted"] == sum(before[k] != after[k] for k in inside) > 0
+    assert trace["passes"]["execute"] == 0 and trace["passes"]["check"] > 0  # the model reads the result back
+    assert trace["forward_passes"] == sum(trace["passes"].values()) == edited.forward_passes
+
+
+def test_with_touch_up_the_model_redraws_only_drafted_codes_it_doubts(pipe):
+    picture = _scene(ONE)[0]
+    edited, trace = pipe.edit(picture, instruction="make the circle blue", text=PROMPT, touch_up=True, **FAST)
+    plan, after = trace["plan"], edited.token_ids["image"]
+    inside = set(pipe.layout.image_box_to_positions(plan["regions"][0]["box"]).tolist())
+    redrawn = [k for k in inside if after[k] != _drafted_codes(pipe, picture, plan)[k]]
+    touch = plan["touch_up"]
+    if touch["kept"]:  # the model redrew some of the codes it doubted, and the target read back no worse
+        assert 0 < touch["codes_doubted"] and len(redrawn) <= touch["codes_doubted"]
+        assert touch["agreement"][1] >= touch["agreement"][0]
+    else:  # the draft's codes stand inside the region
+        assert redrawn == []
+    assert trace["passes"]["execute"] >= 1 and trace["tokens_changed"]["outside"] == 0  # the review is the model's
+    assert trace["forward_passes"] == sum(trace["passes"].values()) == edited.forward_passes
+
+
+def test_a_new_shape_is_drawn_by_the_model(pipe):
+    _, trace = pipe.edit(_scene(ONE)[0], instruction="turn the circle into a square", text=PROMPT, **FAST)
+    assert trace["plan"]["draft"] == {"used": False, "why": "a new shape has no silhouette to keep: the model "
+                                                             "draws it"}
+    assert "touch_up" not in trace["plan"] and trace["passes"]["execute"] == 4
 
 
 def test_without_text_the_picture_is_read_back_by_the_model(pipe, monkeypatch):
@@ -269,7 +322,13 @@ def test_the_edit_command_follows_an_instruction(tiny_caption_model_dir, tmp_pat
     assert "target 'a small blue circle on the left'" in out and (tmp_path / "blue.png").is_file()
     trace = json.loads((tmp_path / "edit.json").read_text())
     assert trace["instruction"]["change"] == {"color": "blue"} and trace["tokens_changed"]["outside"] == 0
+    assert trace["plan"]["draft"]["used"] is True
+    assert main(argv + ["--no-draft"]) == 0
+    assert json.loads((tmp_path / "edit.json").read_text())["plan"].get("draft") is None  # the model redrew it
+    capsys.readouterr()
     assert main(argv[:-4] + ["--box", "0,0,8,8", "--out", str(tmp_path / "x.png")]) == 2
     assert "not both" in capsys.readouterr().err
+    assert main(argv[:7] + ["--box", "0,0,8,8", "--out", str(tmp_path / "z.png"), "--no-draft"]) == 2
+    assert "--no-draft chooses how an instructed picture edit starts" in capsys.readouterr().err
     assert main(argv[:8] + ["paint it blue", "--out", str(tmp_path / "y.png")]) == 2
     assert "not in the instruction language" in capsys.readouterr().err and not (tmp_path / "y.png").exists()

@@ -150,7 +150,7 @@ def test_the_self_critique_tools_have_a_schema_for_every_argument(seen):
                 "refine": {"input", "prompt", "rounds", "budget", "critic", "fraction", "threshold", "check",
                            "regions", "out", "trace", "seed", "evaluator", "patience"},
                 "edit": {"input", "prompt", "box", "seconds", "chars", "instruction", "out", "trace", "seed",
-                         "candidates"}}
+                         "candidates", "draft"}}
     for name, arguments in expected.items():
         properties = tools[name].input_schema["properties"]
         assert set(properties) == arguments, name

@@ -169,6 +169,11 @@ def test_the_critic_names_mirror_the_critics():
     ("edit", {"input": "CAPTION", "instruction": "make it blue"}, InputError, "edits a picture"),
     ("edit", {"input": "PIC", "instruction": 3}, InputError, "non-empty string"),
     ("edit", {"input": "PIC", "box": [0, 0, 8, 8], "trace": "t.json"}, InputError, "instructed edit"),
+    ("edit", {"input": "PIC", "box": [0, 0, 8, 8], "draft": False}, InputError, "only with instruction= on a picture"),
+    ("edit", {"input": "CAPTION", "instruction": "replace 'a' by 'b'", "draft": False}, InputError,
+     "only with instruction= on a picture"),
+    ("edit", {"input": "PIC", "instruction": "make it blue", "draft": "no"}, SettingError,
+     "draft must be true or false"),
 ])
 def test_each_bad_request_names_its_cause(tmp_path, op, request_, error, match):
     Image.new("RGB", (8, 8)).save(tmp_path / "pic.png")
@@ -195,5 +200,8 @@ def test_a_good_request_becomes_the_keywords_of_the_op(tmp_path):
     checked = check_refine_request("edit", {"in": str(tmp_path / "pic.png"), "instruction": "make it blue",
                                             "candidates": 4})
     assert checked.options == {"instruction": "make it blue", "candidates": 4}
+    checked = check_refine_request("edit", {"in": str(tmp_path / "pic.png"), "instruction": "make it blue",
+                                            "draft": False})
+    assert checked.options == {"instruction": "make it blue", "draft": False}
     checked = check_refine_request("refine", {"in": str(tmp_path / "pic.png"), "prompt": "a", "evaluator": "agreement"})
     assert checked.options == {"text": "a", "evaluator": "agreement"}

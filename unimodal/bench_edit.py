@@ -24,29 +24,34 @@ from pathlib import Path
 
 from unimodal.checks_refine import REGION_KEYS
 from unimodal.core.errors import InputError, OutputPathError
-from unimodal.core.grammar import COLORS
+from unimodal.core.grammar import COLORS, POSITIONS, SHAPES
 from unimodal.core.media import SAMPLE_RATE
 from unimodal.core.paths import atomic_write, user_path
 
 REPORT_FILE = "bench_edit.json"
 GROUPS = {"all": lambda row: True, "one object": lambda row: row["objects"] == 1, "pairs": lambda row: row["objects"] == 2}
 # (summary key, what the table calls it); each counts the rows where the key is true
-COUNTED = (("judged_right", "judged right: the asked colour, the rest the same"),
-           ("colour_right", "the asked colour judged right (rest may differ)"),
+COUNTED = (("judged_right", "judged right: the asked change, the rest the same"),
+           ("asked_right", "the asked attribute judged right (rest may differ)"),
            ("verdict", "self-check verdict \"parses to the target\""),
            ("source_judged_right", "sources judged right"))
 SAMPLER_KEYS = ("mode", "steps", "cfg", "temperature", "choice_temperature")
 MODALITIES = ("image", "audio", "text")
-WHAT = {"image": "pictures, instruction 'make the <shape> <new colour>' (pairs: the first object by colour and "
-                 "shape), caption given as text=, judged by the scene judge",
+WHAT = {"image": "pictures, the first object's {change} changed (pairs: the object named by colour and shape), "
+                 "caption given as text=, judged by the scene judge",
         "audio": "spoken captions, instruction \"say '<new colour>' instead of '<colour>'\", caption given as "
                  "text=, transcribed by the speech judge and parsed by the caption grammar",
         "text": "captions, instruction \"replace '<colour>' by '<new colour>'\", parsed by the caption grammar"}
 
 
-def edit_instruction(truth: dict, k: int, modality: str = "image") -> str:
-    """Case ``k``'s instruction: its first object to the ``k``-th (cyclically) colour no object of it has; for a
-    picture by the object's name, for speech and captions by the word."""
+CHANGES = ("colour", "size", "shape", "position")
+
+
+def edit_instruction(truth: dict, k: int, modality: str = "image", change: str = "colour") -> str:
+    """Case ``k``'s instruction for its first object. ``colour``: to the ``k``-th (cyclically) colour no object
+    of it has (pictures by the object's name, speech and captions by the word); for pictures also ``size``
+    (small <-> large), ``shape`` (the ``k``-th shape no object has) and ``position`` (the ``k``-th other place;
+    one object only)."""
     obj = truth["objects"][0]
     used = {o["color"] for o in truth["objects"]}
     colours = [c for c in COLORS if c not in used]
@@ -56,7 +61,22 @@ def edit_instruction(truth: dict, k: int, modality: str = "image") -> str:
     if modality == "text":
         return f"replace '{obj['color']}' by '{new}'"
     ref = obj["shape"] if len(truth["objects"]) == 1 else f"{obj['color']} {obj['shape']}"
+    if change == "size":
+        return f"make the {ref} {'large' if obj['size'] == 'small' else 'small'}"
+    if change == "shape":
+        shapes = [s for s in SHAPES if s not in {o["shape"] for o in truth["objects"]}]
+        return f"turn the {ref} into a {shapes[k % len(shapes)]}"
+    if change == "position":
+        places = [p for p in POSITIONS if p != obj.get("position")]
+        return f"move the {ref} to the {places[k % len(places)]}"
     return f"make the {ref} {new}"
+
+
+def edit_cases(cases: Sequence, change: str) -> list:
+    """The cases a change applies to: a move needs a picture of one object (a pair's places are a relation)."""
+    if change not in CHANGES:
+        raise InputError(f"bench edit changes one of {CHANGES}, got {change!r}")
+    return [c for c in cases if change != "position" or len(c.truth["objects"]) == 1]
 
 
 def _target_scene(truth: dict, instruction: str, modality: str) -> dict:
@@ -71,15 +91,18 @@ def _target_scene(truth: dict, instruction: str, modality: str) -> dict:
     return {**truth, "objects": objects}
 
 
-def _judge(judge, modality: str, content, scene: dict) -> tuple[bool, bool]:
-    """(every attribute right, the first object's colour right) of a picture, speech or caption against
-    ``scene``: the scene judge for pictures; speech is transcribed by the speech judge, and speech and captions
-    are parsed by the caption grammar."""
+ATTRIBUTE = {"colour": "color", "size": "size", "shape": "shape", "position": "position"}
+
+
+def _judge(judge, modality: str, content, scene: dict, change: str = "colour") -> tuple[bool, bool]:
+    """(every attribute right, the asked attribute right) of a picture, speech or caption against ``scene``:
+    the scene judge for pictures; speech is transcribed by the speech judge, and speech and captions are
+    parsed by the caption grammar (their asked attribute: the first object's colour)."""
     from unimodal.core.grammar import parse_scene_caption, scenes_equal
 
     if modality == "image":
         score = judge.score(content, scene)
-        return bool(score["correct"]), bool(score["color"])
+        return bool(score["correct"]), bool(score[ATTRIBUTE[change]])
     said = judge.transcribe(content) if modality == "audio" else content
     heard = parse_scene_caption(said)
     if heard is None:
@@ -88,9 +111,10 @@ def _judge(judge, modality: str, content, scene: dict) -> tuple[bool, bool]:
     return scenes_equal(scene, heard), first.get("color") == scene["objects"][0]["color"]
 
 
-def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modality: str = "image") -> dict:
+def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modality: str = "image",
+              change: str = "colour", draft: bool = True, touch_up: bool = False) -> dict:
     """One case's row: the instruction, the judge's and the self-check's verdicts, codes changed, passes."""
-    instruction = edit_instruction(case.truth, k, modality)
+    instruction = edit_instruction(case.truth, k, modality, change)
     source = getattr(case, modality)  # the case's picture, clip or caption
     row = {"case": k, "caption": case.text, "objects": len(case.truth["objects"]), "instruction": instruction,
            "seed": seed + k, "source_judged_right": _judge(judge, modality, source, case.truth)[0]}
@@ -98,21 +122,22 @@ def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modalit
     try:
         edited, trace = pipe.edit((source, SAMPLE_RATE) if modality == "audio" else source, instruction=instruction,
                                   text=None if modality == "text" else case.text, seed=seed + k,
-                                  candidates=candidates, modality=modality)
+                                  candidates=candidates, modality=modality,
+                                  **({"draft": draft, "touch_up": touch_up} if modality == "image" else {}))
     except InputError as error:  # the plan refused it: counted as not right, said why
-        return {**row, "refused": str(error), "judged_right": False, "colour_right": False, "verdict": False,
+        return {**row, "refused": str(error), "judged_right": False, "asked_right": False, "verdict": False,
                 "outside_changed": 0, "inside": 0, "regions": [], "located_by": None, "passes": 0,
                 "seconds": round(time.perf_counter() - start, 2)}
     plan = trace["plan"]
     target = plan.get("target_attributes") or _target_scene(case.truth, instruction, modality)
-    right, colour = _judge(judge, modality, getattr(edited, modality), target)
+    right, asked = _judge(judge, modality, getattr(edited, modality), target, change)
     region_key = next(key for key, kind in REGION_KEYS.items() if kind == modality)
-    return {**row, "target": plan["target"], "judged_right": right, "colour_right": colour,
+    return {**row, "target": plan["target"], "judged_right": right, "asked_right": asked,
             "verdict": bool(trace["check"]["parses_to_target"]), "read_back": trace["check"]["read_back"],
             "outside_changed": trace["tokens_changed"]["outside"], "inside": trace["tokens_changed"]["inside"],
             "regions": [r[region_key] for r in plan["regions"]], "located_by": plan["located_by"],
-            "passes": trace["forward_passes"], "candidates": plan.get("candidates"),
-            "seconds": round(time.perf_counter() - start, 2)}
+            "passes": trace["forward_passes"], "candidates": plan.get("candidates"), "draft": plan.get("draft"),
+            "touch_up": plan.get("touch_up"), "seconds": round(time.perf_counter() - start, 2)}
 
 
 def summarise(rows: Sequence[dict]) -> dict:
@@ -134,28 +159,38 @@ def summarise(rows: Sequence[dict]) -> dict:
 
 
 def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool = True, candidates: int = 1,
-               modality: str = "image") -> dict:
+               modality: str = "image", change: str = "colour", draft: bool = True, touch_up: bool = False) -> dict:
     """The report: settings, one row per case, and the summary (see :func:`summarise`); ``candidates``:
     regenerations per edit, the one that agrees best with the target kept; ``modality``: edit the pictures
-    (judged by the scene judge), the spoken captions (transcribed by the speech judge) or the captions."""
+    (judged by the scene judge), the spoken captions (transcribed by the speech judge) or the captions;
+    ``change``: what a picture edit asks for (:data:`CHANGES`; a move is asked of one-object scenes only);
+    ``draft``: whether a picture edit may start from the object's own pixels, ``touch_up``: whether the model
+    then redraws the drafted codes it doubts (see :func:`unimodal.instructed.instructed_edit`)."""
     from tqdm.auto import tqdm
 
     if not cases:
         raise InputError("bench edit needs at least one case")
     if modality not in MODALITIES:
         raise InputError(f"bench edit edits one of {MODALITIES}, got {modality!r}")
+    if modality != "image" and change != "colour":
+        raise InputError(f"a {modality} edit changes a colour word; --change {change} is for pictures")
+    cases = edit_cases(cases, change)
+    if not cases:
+        raise InputError(f"no case of this split takes a {change} edit")
     if judge is None:
         from unimodal.judges import SceneJudge, SpeechJudge
 
         judge = SpeechJudge() if modality == "audio" else SceneJudge()
     start, rows = time.perf_counter(), []
     for k, case in enumerate(tqdm(cases, desc="edits", unit="case", disable=not progress, leave=False)):
-        rows.append(edit_case(pipe, case, k, seed, judge, candidates, modality))
+        rows.append(edit_case(pipe, case, k, seed, judge, candidates, modality, change, draft, touch_up))
     seconds = round(time.perf_counter() - start, 1)
     kinds = {"regeneration": modality, "read_back": "text"} if modality != "text" else {}  # a caption is spliced
     sampler = {role: {k: v for k, v in pipe._sampler_config({}, kind).__dict__.items() if k in SAMPLER_KEYS}
                for role, kind in kinds.items()}  # the model's defaults for each
     return {"n": len(rows), "seed": seed, "modality": modality, "candidates": candidates, "sampler": sampler,
+            "change": change if modality == "image" else "colour", "draft": draft if modality == "image" else None,
+            "touch_up": touch_up if modality == "image" and draft else None,
             "seconds": seconds, "summary": summarise(rows), "rows": rows}
 
 
@@ -178,7 +213,14 @@ def format_table(report: dict) -> str:
         f"{'-' if summary[g]['mean_forward_passes'] is None else format(summary[g]['mean_forward_passes'], '.1f'):>15}"
         for g in GROUPS))
     refused, modality = summary["all"]["refused"], report.get("modality", "image")
-    lines.append(f"n={report['n']} scenes {report.get('split', 'test')} cases, {WHAT[modality]}, seed "
+    what = WHAT[modality].format(change=report.get("change", "colour"))
+    if modality == "image":
+        what += ", " + ("the object's pixels drafted where its silhouette stays" if report.get("draft", True)
+                        else "the region redrawn by the model from the target caption (no pixel draft)")
+        if report.get("draft", True):
+            what += (", the drafted codes the model doubts redrawn (touch-up)" if report.get("touch_up")
+                     else ", the drafted codes kept as encoded")
+    lines.append(f"n={report['n']} scenes {report.get('split', 'test')} cases, {what}, seed "
                  f"{report['seed']} (case k: seed + k), {report.get('candidates', 1)} candidate(s) per edit; "
                  f"{report['seconds']} s" + (f"; {refused} refused by the plan (counted not right)" if refused else ""))
     if report["sampler"]:

@@ -32,7 +32,7 @@ COMMON_KEYS = ("input", "prompt", "out", "seed")
 PLAN_KEYS = ("critic", "fraction", "threshold", "check")
 OP_KEYS = {"critique": COMMON_KEYS + PLAN_KEYS,
            "refine": COMMON_KEYS + PLAN_KEYS + ("rounds", "budget", "regions", "trace", "evaluator", "patience"),
-           "edit": COMMON_KEYS + tuple(REGION_KEYS) + ("instruction", "trace", "candidates")}
+           "edit": COMMON_KEYS + tuple(REGION_KEYS) + ("instruction", "trace", "candidates", "draft")}
 EVALUATORS = ("critic", "agreement")  # mirrors unimodal.inference.refine.EVALUATORS
 
 
@@ -106,6 +106,8 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
               "evaluator": _evaluator,
               "regions": lambda v: check_regions(v, modality)}
     options.update({key: check(request[key]) for key, check in checks.items() if request.get(key) is not None})
+    if request.get("draft") is not None:
+        options["draft"] = _draft(request, modality)
     if op == "edit" and request.get("instruction") is not None:
         options["instruction"] = _instruction(request, modality)
     elif op == "edit":
@@ -114,6 +116,14 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
                              "and prompt) has none")
         options["region"] = _edit_region(request, modality)
     return options
+
+
+def _draft(request: Mapping, modality: str) -> bool:
+    """``draft``: whether an instructed picture edit starts from the object's pixels (true, the default)."""
+    if request.get("instruction") is None or modality != "image":
+        raise InputError("draft chooses how an instructed picture edit starts (from the object's own pixels, or "
+                         "redrawn by the model); give it only with instruction= on a picture")
+    return _flag(request["draft"], "draft")
 
 
 def _instruction(request: Mapping, modality: str) -> str:
@@ -139,9 +149,9 @@ def _evaluator(value) -> str:
     return value
 
 
-def _flag(value) -> bool:
+def _flag(value, name: str = "check") -> bool:
     if not isinstance(value, bool):
-        raise SettingError(f"check must be true or false, got {value!r}")
+        raise SettingError(f"{name} must be true or false, got {value!r}")
     return value
 
 

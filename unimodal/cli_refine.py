@@ -23,8 +23,8 @@ from unimodal.core.paths import atomic_write, user_path
 # A request key of :func:`unimodal.checks_refine.check_refine_request` -> the flag that gives it here.
 FLAGS = {"input": "--in", "prompt": "--prompt", "out": "--out", "seed": "--seed", "critic": "--critic",
          "fraction": "--fraction", "threshold": "--threshold", "rounds": "--rounds", "budget": "--budget",
-         "trace": "--trace", "patience": "--patience", "candidates": "--candidates", "box": "--box",
-         "seconds": "--seconds", "chars": "--chars", "instruction": "--instruction"}
+         "trace": "--trace", "patience": "--patience", "candidates": "--candidates", "draft": "--no-draft",
+         "box": "--box", "seconds": "--seconds", "chars": "--chars", "instruction": "--instruction"}
 
 
 def _checked(op: str, args, **keys):
@@ -110,7 +110,8 @@ def _cmd_edit(args) -> int:
     from unimodal.serve_refine import run_edit
 
     checked = _checked("edit", args, box=args.box, seconds=args.seconds, chars=args.chars,
-                       instruction=args.instruction, trace=args.trace, candidates=args.candidates)
+                       instruction=args.instruction, trace=args.trace, candidates=args.candidates,
+                       draft=None if args.draft else False)  # only a refusal of the default travels
     if checked.out is None:
         raise InputError("--out is required: where the edited output goes (.png, .wav or .txt, as --in)")
     pipe = load_pipeline(args.model, args.device)
@@ -220,6 +221,8 @@ def _cmd_bench_edit(args) -> int:
     from unimodal.core.seeds import check_seed
 
     check_seed(args.seed, "--seed")
+    if args.modality != "image" and args.change != "colour":
+        raise InputError(f"--change {args.change} edits pictures; a {args.modality} edit changes a colour word")
     out = user_path(args.out, "--out", OutputPathError)
     check_writable(out, is_folder=True)  # a file, or a folder that takes no new file, is refused here
     from unimodal.bench_edit import bench_edit, format_table, save_report
@@ -233,7 +236,8 @@ def _cmd_bench_edit(args) -> int:
     model_dir = check_model(args.model, args.device)
     cases, _ = load_cases("scenes", args.split, args.n, speech=args.modality == "audio")
     pipe = load_pipeline(model_dir, args.device)
-    report = bench_edit(pipe, cases, args.seed, judge, candidates=args.candidates, modality=args.modality)
+    report = bench_edit(pipe, cases, args.seed, judge, candidates=args.candidates, modality=args.modality,
+                        change=args.change, draft=args.draft, touch_up=args.touch_up)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split)
     print(format_table(report))
     print(save_report(report, out))
@@ -326,6 +330,9 @@ def add_refine_commands(sub) -> None:
     edit.add_argument("--trace", default=None, help="--instruction: write the plan and verdict here (.json)")
     edit.add_argument("--candidates", type=_candidates, default=1, help="regenerate the region this "
                       "many times and keep the one that agrees best with the description, read back by the model")
+    edit.add_argument("--no-draft", dest="draft", action="store_false", help="--instruction on a picture: the "
+                      "model redraws the object's box from the target caption, instead of starting a change of "
+                      "colour, size or place from the object's own pixels")
     edit.set_defaults(func=_cmd_edit)
 
 
@@ -386,6 +393,12 @@ def add_bench_edit_command(bench) -> None:
     sub.add_argument("--modality", default="image", choices=["image", "audio", "text"], help="edit the pictures "
                      "(default), the spoken captions (\"say 'blue' instead of 'red'\", judged through Whisper) or "
                      "the captions (\"replace 'red' by 'blue'\")")
+    sub.add_argument("--change", default="colour", choices=["colour", "size", "shape", "position"],
+                     help="what a picture edit asks of the first object (position: one-object scenes only)")
+    sub.add_argument("--no-draft", dest="draft", action="store_false", help="picture edits: the model redraws "
+                     "the object's box from the target caption instead of starting from its pixels moved")
+    sub.add_argument("--touch-up", action="store_true", help="picture edits from a draft: the model then reviews "
+                     "the drafted codes and redraws the ones it doubts (default: they stay as encoded)")
     sub.add_argument("--out", default="bench-edit", help="folder for bench_edit.json (every case's row and the "
                                                          "summary)")
     sub.set_defaults(func=_cmd_bench_edit)

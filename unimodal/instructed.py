@@ -23,18 +23,21 @@ which colour the named object has; the object is where that colour is.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 
 from unimodal.core.errors import InputError
 from unimodal.core.grammar import COLORS, IMAGE_SIZE, POSITIONS, SIZES, parse_scene_caption, scene_caption, scenes_equal
 from unimodal.core.instructions import apply_instruction, parse_instruction, replace_word, require_fits
-from unimodal.inference.critique import image_region, text_offsets
+from unimodal.inference.critique import agreement_score, image_region, text_offsets
+from unimodal.inference.picture_draft import draft_picture
 from unimodal.inputs import as_image
-from unimodal.refine import _decoded, _differences, as_result, edit, speech_span
+from unimodal.refine import _decoded, _differences, as_result, critique, draft_of, edit, speech_span
 from unimodal.results import GenerationResult
 
 SATURATION = 60  # the scenes' background is grey (saturation 0); every colour word is far above this
+DRAFT_NOISE = 4  # a pixel the draft moved by at most this much (rounding) is not a change
 MIN_PIXELS = 6  # fewer pixels of the colour than this: the object was not found (codec noise, a bad picture)
 # Where each object of a pair stands, by its relation to the other: the grammar's anchor on that side.
 _PAIR_SIDES = {"left of": ("left", "right"), "right of": ("right", "left"), "above": ("top", "bottom"),
@@ -42,13 +45,18 @@ _PAIR_SIDES = {"left of": ("left", "right"), "right of": ("right", "left"), "abo
 
 
 def instructed_edit(pipe, content, instruction: str, region=None, text: str | None = None, image=None, audio=None,
-                    modality: str | None = None, seed: int = 0, candidates: int = 1, **settings):
+                    modality: str | None = None, seed: int = 0, candidates: int = 1, draft: bool = True,
+                    touch_up: bool = False, **settings):
     """Edit ``content`` as ``instruction`` asks; returns (the edited result, a JSON-ready trace).
 
     ``text``: what the content says (the caption a picture was made from, the words a clip speaks), used instead
     of reading it back; ``candidates``: regenerations of a picture's or a clip's region, the one that agrees best
-    with the target description kept (see :func:`unimodal.refine.edit`); ``settings``: sampler settings of the
-    read-backs and the regeneration."""
+    with the target description kept (see :func:`unimodal.refine.edit`); ``draft``: a picture's change of colour,
+    size or place starts from the object's own pixels moved (:mod:`unimodal.inference.picture_draft`) and
+    encoded by the image codec; False: the model redraws the whole region from the target description;
+    ``touch_up``: the model then reviews the drafted codes and redraws the ones it doubts (off by default: on
+    64 test scenes it broke more edits than it fixed, docs/critique.md); ``settings``: sampler settings of
+    the read-backs and the regeneration."""
     parsed = parse_instruction(instruction)
     if region is not None:
         raise InputError("edit takes region= (with text=, the new description) or instruction=, not both: an "
@@ -59,8 +67,15 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     result = as_result(pipe, content, modality)
     kind = _content_modality(result)
     require_fits(parsed, kind)
-    plan = _PLANNERS[kind](pipe, result, parsed, text, seed, settings, _pixels(pipe, content, result, kind))
-    edited, execute_passes = _execute(pipe, result, plan, kind, seed, settings, candidates)
+    rgb = _pixels(pipe, content, result, kind)
+    plan = _PLANNERS[kind](pipe, result, parsed, text, seed, settings, rgb)
+    drafted = _pixel_draft(pipe, result, plan, rgb) if draft and kind == "image" else None
+    if drafted is None:
+        edited, execute_passes = _execute(pipe, result, plan, kind, seed, settings, candidates)
+    elif touch_up:
+        edited, execute_passes = _touch_up(pipe, drafted, plan, seed, settings, candidates)
+    else:
+        edited, execute_passes = drafted, 0
     check = _check(pipe, edited, kind, plan["target"], seed, settings)
     passes = {"plan": plan.pop("forward_passes"), "execute": execute_passes, "check": check.pop("forward_passes")}
     trace = {"instruction": parsed.to_dict(), "modality": kind, "plan": plan,
@@ -231,6 +246,73 @@ def _execute(pipe, result, plan: dict, kind: str, seed: int, settings, candidate
     if "candidates" in edited.settings["edit"]:
         plan["candidates"] = {k: edited.settings["edit"][k] for k in ("candidates", "kept", "agreement")}
     return edited, edited.forward_passes
+
+
+def _pixel_draft(pipe, result, plan: dict, rgb: np.ndarray):
+    """The result with the region's codes taken from the pixel draft of the target (every code outside the
+    regions kept); None, with the reason in ``plan["draft"]``, when there is no draft (a new shape, an object
+    not found by its colour)."""
+    source, target, index = plan["source"], plan["target_attributes"], plan["object"]
+    if plan["located_by"] != "pixels of its colour":
+        plan["draft"] = {"used": False, "why": "the object was not found by its colour's pixels"}
+        return None
+    core = _half(colour_mask(rgb, source["objects"][index]["color"]), _side(source, index))
+    picture = draft_picture(rgb, core, source["objects"][index], target["objects"][index])
+    if picture is None:
+        plan["draft"] = {"used": False, "why": "a new shape has no silhouette to keep: the model draws it"}
+        return None
+    codes = list(result.token_ids["image"])
+    drafted = pipe.image_codec.encode(picture[None])[0].tolist()
+    inside = _region_positions(pipe, plan["regions"])
+    grown = sorted(_cells_changed(pipe.layout, rgb, picture) - inside)
+    plan["regions"] += [image_region(pipe.layout, [k]) for k in grown]  # the draft's faint edges beyond the boxes
+    spliced = [drafted[k] if k in inside or k in grown else code for k, code in enumerate(codes)]
+    plan["draft"] = {"used": True, "codes_drafted": sum(a != b for a, b in zip(codes, spliced)),
+                     "cells_added": len(grown)}
+    return _decoded(pipe, {"image": spliced}, {}, 0, {})
+
+
+def _cells_changed(layout, before: np.ndarray, after: np.ndarray) -> set[int]:
+    """Grid cells holding a pixel the draft changed by more than :data:`DRAFT_NOISE` (one pixel around it
+    included, so a splice's seam falls on pixels that did not change)."""
+    changed = np.abs(after.astype(np.int16) - before.astype(np.int16)).max(-1) > DRAFT_NOISE
+    rows, cols = np.nonzero(changed)
+    patch, (n_rows, n_cols) = layout.image_patch, layout.image_grid
+    cells = set()
+    for y, x in zip(rows.tolist(), cols.tolist()):
+        for yy in range(max(0, y - 1), min(before.shape[0], y + 2)):
+            for xx in range(max(0, x - 1), min(before.shape[1], x + 2)):
+                cells.add(min(yy // patch, n_rows - 1) * n_cols + min(xx // patch, n_cols - 1))
+    return cells
+
+
+def _region_positions(pipe, regions) -> set[int]:
+    return {int(k) for region in regions for k in pipe.layout.image_box_to_positions(region["box"]).tolist()}
+
+
+def _touch_up(pipe, drafted, plan: dict, seed: int, settings, candidates: int = 1):
+    """Review the drafted codes inside the regions with the model (the confidence score under the target
+    description, at its own threshold), redraw the doubted ones with the rest as context, and keep the redraw
+    only if the target reads back from it at least as well (the agreement score). The chosen result and its
+    forward passes; ``plan["touch_up"]`` records what happened."""
+    review = critique(pipe, drafted, text=plan["target"], critic="confidence")
+    inside, threshold = _region_positions(pipe, plan["regions"]), review.thresholds["image"]
+    doubted = sorted(k for k in inside if review.scores["image"][k] < threshold)
+    plan["touch_up"] = {"threshold": threshold, "codes_doubted": len(doubted), "kept": False}
+    passes = review.forward_passes
+    if not doubted:
+        return drafted, passes
+    cells = [image_region(pipe.layout, [k]) for k in doubted]
+    redrawn = edit(pipe, drafted, cells, text=plan["target"], seed=seed, candidates=candidates, **settings)
+    before, calls_before = _agreement(pipe, drafted, plan["target"])
+    after, calls_after = _agreement(pipe, redrawn, plan["target"])
+    passes += redrawn.forward_passes + calls_before + calls_after
+    plan["touch_up"].update(agreement=[round(before, 6), round(after, 6)], kept=after >= before)
+    return (redrawn if after >= before else drafted), passes
+
+
+def _agreement(pipe, result, target: str) -> tuple[float, int]:
+    return agreement_score(pipe.backbone, pipe.layout, draft_of(pipe, replace(result, settings={}), {"text": target}))
 
 
 def splice_caption(pipe, result, plan: dict):

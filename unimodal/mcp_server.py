@@ -302,6 +302,10 @@ def edit_tool(runner: Runner):
             ge=1, le=MAX_CANDIDATES,
             description="regenerate the region this many times and keep the one that agrees best with the "
                         "description, read back by the model")] = 1,
+        draft: Annotated[bool | None, Field(
+            description="an instructed picture edit: start a change of colour, size or place from the object's own "
+                        "pixels (true, the default) or let the model redraw its box from the target caption "
+                        "(false)")] = None,
         seed: Seed = 0,
     ) -> list:
         with _answering():
