@@ -1,5 +1,6 @@
 """``unimodal demo`` on a tiny random model: the page links only files that exist, every direction has its
-section, the refine loop is shown round by round, and a bad ``--out`` is refused before any model loads."""
+section, the refine loop is shown round by round, the instructed edits with their regions and verdicts, and a
+bad ``--out`` is refused before any model loads."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from unimodal.cli import main
-from unimodal.demo import DIRECTIONS, REFINE_ROUNDS, run_demo, summary_line
+from unimodal.demo import DIRECTIONS, EDITS, REFINE_ROUNDS, run_demo, summary_line
 from unimodal.demo_page import slug
 
 
@@ -42,7 +43,7 @@ def test_every_linked_file_exists_and_every_direction_has_its_section(demo_page)
     assert parser.links, "the page links no files"
     missing = [link for link in parser.links if not (page.parent / link).is_file()]
     assert not missing, f"linked but not written: {missing}"
-    assert {slug(d) for d in DIRECTIONS} | {"refine"} <= parser.ids
+    assert {slug(d) for d in DIRECTIONS} | {"refine", "edits"} <= parser.ids
     kinds = {Path(link).suffix for link in parser.links}
     assert {".png", ".wav", ".txt", ".json"} <= kinds  # pictures, speech players, captions, the summary
 
@@ -58,6 +59,23 @@ def test_summary_counts_the_verdicts_and_names_what_was_not_judged(demo_page):
     # the loop ran (it stops early when a round is not kept or nothing is flagged), never past its rounds
     assert 1 <= len(summary["refine"]["trace"]) <= REFINE_ROUNDS
     assert f"{counts['right']} of {counts['judged']} judged outputs right" in summary_line(summary)
+
+
+def test_the_instructed_edits_of_the_input_picture_are_shown_and_judged(demo_page):
+    page, summary = demo_page
+    edits = summary["edits"]
+    assert edits["n"] == len(EDITS) == len(edits["trace"]) and [e["instruction"] for e in edits["trace"]] == list(EDITS)
+    for record in edits["trace"]:  # the tiny model reads nothing right, but the plan takes the caption as given
+        assert record["drafted"] is True and record["outside_changed"] == 0
+        assert record["target"] in ("a large red square in the center", "a large blue square on the left")
+        assert (page.parent / record["after"]).is_file() and (page.parent / record["planned"]).is_file()
+    from unimodal.demo import scene_judge_status
+
+    judged = scene_judge_status() is None  # the tiny model's untrained codec blurs the draft: verdicts vary
+    assert edits["judged"] == (len(EDITS) if judged else 0) and edits["right"] <= edits["judged"]
+    expected = f"edits: {edits['right']} of {len(EDITS)} judged right" if judged else f"edits: {len(EDITS)} not judged"
+    assert expected in summary_line(summary)
+    assert "make the square red" in page.read_text(encoding="utf-8")
 
 
 def test_cli_demo_refuses_an_out_that_is_a_file(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """``unimodal demo``: the first minute. Generate in every direction with the shipped model, judge each output with
-the independent judges, repair one picture round by round, and write a page a person can open.
+the independent judges, repair one picture round by round, follow two instructions on the input picture, and
+write a page a person can open.
 
     unimodal demo                      # writes ./unimodal-demo/index.html, offline
     unimodal demo --out gallery/ --no-speech-judge
@@ -28,6 +29,8 @@ REFINE_ROUNDS = 2
 # The refine loop within the minute: the critic scores the picture in 2 masked passes (not 4) and each round
 # regenerates its flagged codes in 4 steps; `unimodal refine` keeps the fuller defaults.
 REFINE_GROUPS, REFINE_STEPS = 2, 4
+# Instructed edits of the input picture (plan -> execute -> check), each judged against the scene it asks for.
+EDITS = ("make the square red", "move the square to the left")
 # Each direction, with the outputs the page shows for it; requests with the same outputs are batched together.
 DIRECTIONS = ("text->image", "image->text", "text->audio", "audio->text", "image->audio", "audio->image", "joint")
 
@@ -40,6 +43,7 @@ class DemoRun:
     results: dict = field(default_factory=dict)
     verdicts: dict = field(default_factory=dict)
     rounds: list = field(default_factory=list)
+    edits: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)
     model: str = ""
@@ -68,7 +72,7 @@ def prepare_out(out: str | os.PathLike) -> Path:
         raise OutputPathError(f"--out {str(out)!r} is a file; give a folder for index.html and its pictures")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        for sub in ("inputs", "outputs", "refine"):
+        for sub in ("inputs", "outputs", "refine", "edits"):
             (folder / sub).mkdir(exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
             pass
@@ -181,20 +185,50 @@ def refine_rounds(pipe, draft, case, seed: int, judge_pictures: bool, log) -> li
                        "regions": [r for r in record["regions"] if r.get("modality") == "image"],
                        "score_before": record["score_before"], "score_after": record["score_after"],
                        "kept": record["kept"], "tokens_remasked": record["tokens_remasked"],
-                       "correct_before": _scene_right(judge, case, before),
-                       "correct_after": _scene_right(judge, case, after)})
+                       "correct_before": _scene_right(judge, case.truth, before),
+                       "correct_after": _scene_right(judge, case.truth, after)})
     return rounds
 
 
-def _scene_right(judge, case, image) -> bool | None:
+def instructed_edits(pipe, case, seed: int, judge_pictures: bool, log) -> list[dict]:
+    """Each of :data:`EDITS` on the input picture (its caption given, as a caller who made it would): the
+    picture before and after, the planned regions, the plan's target, the model's own check, and the scene
+    judge's verdict against the target scene; a refused instruction is a record with ``refused``."""
+    from unimodal.core.errors import InputError
+
+    log(f"following {len(EDITS)} instructions on the input picture")
+    judge = None
+    if judge_pictures:
+        from unimodal.judges import SceneJudge
+
+        judge = SceneJudge()
+    records = []
+    for instruction in EDITS:
+        try:
+            edited, trace = pipe.edit(case.image, instruction=instruction, text=case.text, seed=seed)
+        except InputError as error:
+            records.append({"instruction": instruction, "refused": str(error), "correct": None})
+            continue
+        plan = trace["plan"]
+        records.append({"instruction": instruction, "before": case.image, "after": edited.image,
+                        "regions": plan["regions"], "target": plan["target"], "drafted": plan["draft"]["used"],
+                        "self_check": trace["check"]["parses_to_target"], "read_back": trace["check"]["read_back"],
+                        "outside_changed": trace["tokens_changed"]["outside"],
+                        "forward_passes": trace["forward_passes"],
+                        "correct": _scene_right(judge, plan["target_attributes"], edited.image)})
+    return records
+
+
+def _scene_right(judge, truth: dict, image) -> bool | None:
     import numpy as np
 
-    return None if judge is None else bool(judge.score(np.asarray(image), case.truth)["correct"])
+    return None if judge is None else bool(judge.score(np.asarray(image), truth)["correct"])
 
 
 def run_demo(out: str | os.PathLike = DEFAULT_OUT, model=None, device: str | None = None, seed: int = 0,
              judge_speech: bool = True, quiet: bool = False) -> tuple[Path, dict]:
-    """Run every direction and one refine loop on the shipped (or given) model; write ``out/index.html``.
+    """Run every direction, one refine loop and the instructed edits on the shipped (or given) model; write
+    ``out/index.html``.
 
     Returns the page's path and the summary written beside it (``summary.json``)."""
     from unimodal.demo_page import write_page
@@ -212,6 +246,7 @@ def run_demo(out: str | os.PathLike = DEFAULT_OUT, model=None, device: str | Non
     run.notes = [note for note in (scene_judge_status(), speech_judge_status(judge_speech)) if note]
     judge_pictures, judge_speech = scene_judge_status() is None, speech_judge_status(judge_speech) is None
     run.rounds = refine_rounds(pipe, run.results["text->image"], run.case, seed, judge_pictures, log)
+    run.edits = instructed_edits(pipe, run.case, seed, judge_pictures, log)
     log("judging the outputs" + (" (Whisper transcribes the speech)" if judge_speech else ""))
     run.verdicts = judge_directions(run.case, run.results, judge_speech, judge_pictures)
     run.timings["total_s"] = round(log.elapsed(), 1)
@@ -221,7 +256,7 @@ def run_demo(out: str | os.PathLike = DEFAULT_OUT, model=None, device: str | Non
 
 
 def summary_line(summary: dict) -> str:
-    """``7 directions: 3 judged right, 2 wrong, 2 not judged; refine: ...; 41.2 s``."""
+    """``7 directions: 3 of 5 judged outputs right, 2 not judged; refine: ...; edits: ...; 41.2 s``."""
     counts = summary["counts"]
     refine = summary["refine"]
     line = (f"{len(summary['directions'])} directions: {counts['right']} of {counts['judged']} judged outputs right"
@@ -229,6 +264,10 @@ def summary_line(summary: dict) -> str:
     if refine["rounds"]:
         rounds = f"{refine['rounds']} round{'s' if refine['rounds'] != 1 else ''}"
         line += f"; refine: {rounds}, draft {_word(refine['draft_right'])} -> {_word(refine['final_right'])}"
+    edits = summary.get("edits")
+    if edits and edits["n"]:
+        line += (f"; edits: {edits['right']} of {edits['n']} judged right" if edits["judged"]
+                 else f"; edits: {edits['n']} not judged")
     return line + f"; {summary['seconds']} s"
 
 
@@ -251,7 +290,8 @@ def add_demo_command(sub) -> None:
     demo = sub.add_parser("demo", help="generate in every direction, judge it, repair one picture, and write a "
                                        "page to open (offline, on the CPU; docs/demo.md has its timing)",
                           description="Writes OUT/index.html: every direction with its inputs and outputs side by "
-                                      "side, the judges' verdicts, and one self-correcting loop round by round.")
+                                      "side, the judges' verdicts, one self-correcting loop round by round, and "
+                                      "two instructed edits of the input picture.")
     add_model_arguments(demo)
     demo.add_argument("--out", default=DEFAULT_OUT, help=f"folder for index.html and its files (default {DEFAULT_OUT})")
     demo.add_argument("--seed", type=int, default=0)
@@ -261,4 +301,4 @@ def add_demo_command(sub) -> None:
     demo.set_defaults(func=_cmd_demo)
 
 
-__all__ = ["DEFAULT_OUT", "DIRECTIONS", "add_demo_command", "prepare_out", "run_demo", "summary_line"]
+__all__ = ["DEFAULT_OUT", "DIRECTIONS", "EDITS", "add_demo_command", "prepare_out", "run_demo", "summary_line"]

@@ -96,10 +96,25 @@ def write_rounds(folder: Path, rounds: list[dict]) -> list[dict]:
     return written
 
 
+def write_edits(folder: Path, edits: list[dict]) -> list[dict]:
+    """Per instructed edit: the input picture with the planned regions outlined, and the edited picture."""
+    written = []
+    for k, record in enumerate(edits, 1):
+        if "refused" in record:
+            written.append(dict(record))
+            continue
+        regions = [r for r in record["regions"] if r.get("modality") == "image"]
+        planned = save_png(flagged_picture(record["before"], regions), folder / "edits" / f"edit{k}-planned.png")
+        after = save_png(record["after"], folder / "edits" / f"edit{k}-after.png")
+        written.append({key: value for key, value in record.items() if key not in ("before", "after")}
+                       | {"planned": f"edits/{planned}", "after": f"edits/{after}"})
+    return written
+
+
 # ---- summary ------------------------------------------------------------------------------------------------
 
 
-def build_summary(run, inputs: dict, outputs: dict, rounds: list[dict]) -> dict:
+def build_summary(run, inputs: dict, outputs: dict, rounds: list[dict], edits: list[dict] = ()) -> dict:
     """What the page shows, as JSON: files, texts, verdicts, counts, refine rounds, timings and the machine."""
     import torch
 
@@ -115,6 +130,8 @@ def build_summary(run, inputs: dict, outputs: dict, rounds: list[dict]) -> dict:
                        "not_judged": len(verdicts) - len(judged)},
             "refine": {"rounds": len(rounds), "draft_right": rounds[0]["correct_before"] if rounds else None,
                        "final_right": rounds[-1]["correct_after"] if rounds else None, "trace": _plain(rounds)},
+            "edits": {"n": len(edits), "judged": sum(e.get("correct") is not None for e in edits),
+                      "right": sum(bool(e.get("correct")) for e in edits), "trace": _plain(list(edits))},
             "notes": run.notes, "seconds": run.timings.get("total_s"), "timings": run.timings,
             "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                         "cpu_capability": torch.backends.cpu.get_cpu_capability()}}
@@ -192,6 +209,31 @@ def _refine_section(refine: dict, draft_path: str) -> str:
             '<th>critic score (mean log-prob)</th><th>scene judge</th></tr>' + "".join(rows) + "</table></section>")
 
 
+def _edits_section(edits: dict) -> str:
+    rows = []
+    for record in edits["trace"]:
+        said = html.escape(record["instruction"])
+        if "refused" in record:
+            rows.append(f'<tr><td>“{said}”</td><td colspan="4">refused: {html.escape(record["refused"])}</td></tr>')
+            continue
+        how = "the object's own pixels moved" if record["drafted"] else "redrawn by the model"
+        rows.append(f'<tr><td>“{said}”<br><small>target: {html.escape(record["target"])}</small></td>'
+                    f'<td><img src="{html.escape(record["planned"])}" width="192" height="192" alt="planned"></td>'
+                    f'<td><img src="{html.escape(record["after"])}" width="192" height="192" alt="edited"><br>'
+                    f'<small>{how}; {record["outside_changed"]} codes changed outside the region</small></td>'
+                    f'<td>reads back as “{html.escape(record["read_back"])}”: '
+                    f'{"the target" if record["self_check"] else "not the target"}<br>'
+                    f'<small>{record["forward_passes"]} model calls</small></td>'
+                    f'<td>{_verdict({"correct": record["correct"]})}</td></tr>')
+    return ('<section id="edits"><h2>Instructed edits (the input picture)</h2><p>Plan: the instruction applied to '
+            'the caption gives the target scene, and the named object is found by the pixels of its colour (its '
+            'region outlined in yellow). Execute: a change of colour, size or place moves the object\'s own '
+            'pixels, which the image codec encodes; a new shape is drawn by the model. Check: the model reads the '
+            'result back; the scene judge compares it with the target.</p><table><tr><th>instruction</th>'
+            '<th>planned region</th><th>edited</th><th>the model\'s check</th><th>scene judge</th></tr>'
+            + "".join(rows) + "</table></section>")
+
+
 def render_html(summary: dict) -> str:
     counts = summary["counts"]
     notes = "".join(f"<li>{html.escape(note)}</li>" for note in summary["notes"])
@@ -208,6 +250,7 @@ def render_html(summary: dict) -> str:
             f'({machine["torch_threads"]} torch threads, {html.escape(str(machine["cpu_capability"]))}).</p>'
             + (f"<ul>{notes}</ul>" if notes else "") + sections
             + _refine_section(summary["refine"], summary["directions"]["text->image"]["outputs"]["image"])
+            + (_edits_section(summary["edits"]) if summary.get("edits", {}).get("n") else "")
             + '<p><a href="summary.json">summary.json</a>: every file, caption, verdict and timing.</p></body></html>\n')
 
 
@@ -216,7 +259,8 @@ def write_page(folder: Path, run) -> tuple[Path, dict]:
     inputs = write_inputs(folder, run.case)
     outputs = {direction: write_outputs(folder, direction, result) for direction, result in run.results.items()}
     rounds = write_rounds(folder, run.rounds)
-    summary = build_summary(run, inputs, outputs, rounds)
+    edits = write_edits(folder, getattr(run, "edits", []))
+    summary = build_summary(run, inputs, outputs, rounds, edits)
     atomic_write(folder / "summary.json", lambda t: t.write_text(json.dumps(summary, indent=2) + "\n"))
     page = atomic_write(folder / "index.html", lambda t: t.write_text(render_html(summary), encoding="utf-8"))
     return page.resolve(), summary
