@@ -63,6 +63,29 @@ def test_adaln_zero_blocks_start_as_identity():
     assert torch.equal(model(**inputs).critic, torch.zeros(2, 12))  # critic starts undecided
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adaln_rows_by_product_equal_torch_where_exactly_with_gradients(dtype):
+    from unimodal.backbone.dit import per_token, per_token_where
+
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(3, 2, 12, generator=generator).to(dtype)
+    is_target = torch.rand(3, 7, generator=generator) > 0.5
+    is_target[0] = True  # a sequence of targets only, and one of conditions only
+    is_target[1] = False
+    grad = torch.randn(3, 7, 12, generator=generator).to(dtype)
+    outputs, grads = [], []
+    for choose in (per_token, per_token_where):
+        leaf = rows.clone().requires_grad_(True)
+        out = choose(leaf, is_target)
+        out.backward(grad)
+        outputs.append(out.detach())
+        grads.append(leaf.grad)
+    assert outputs[0].dtype == dtype and torch.equal(outputs[0], outputs[1])  # bit for bit
+    assert torch.allclose(grads[0].float(), grads[1].float(), atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as training runs on a CPU with bf16 units
+        assert torch.equal(per_token(rows.float().bfloat16(), is_target), per_token_where(rows.bfloat16(), is_target))
+
+
 def test_attention_visibility_pattern():
     is_target = torch.tensor([[False, False, True, True, False]])
     real = torch.tensor([[True, True, True, True, False]])

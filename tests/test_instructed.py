@@ -211,6 +211,12 @@ def test_a_colour_size_or_place_change_is_the_objects_pixels_moved(pipe, said):
     assert trace["forward_passes"] == sum(trace["passes"].values()) == edited.forward_passes
 
 
+def test_candidates_on_a_drafted_change_are_said_to_be_unused(pipe):
+    _, trace = pipe.edit(_scene(ONE)[0], instruction="make the circle blue", text=PROMPT, candidates=3, **FAST)
+    assert trace["plan"]["draft"]["candidates"] == "3 asked, not used: a drafted change regenerates nothing"
+    assert trace["passes"]["execute"] == 0
+
+
 def test_with_touch_up_the_model_redraws_only_drafted_codes_it_doubts(pipe):
     picture = _scene(ONE)[0]
     edited, trace = pipe.edit(picture, instruction="make the circle blue", text=PROMPT, touch_up=True, **FAST)

@@ -249,3 +249,17 @@ def test_bench_train_reports_throughput_and_mfu():
     result = bench_train("tiny", batch_size=4, steps=1, bf16=False, grad_accum=2)
     assert result.tokens_per_s > 0 and 0 < result.mfu < 1 and 0 < result.real_token_fraction <= 1
     assert result.peak_bf16_tflops > 0 and not result.compiled and "MFU" in format_result(result)
+    assert result.per_token == "product" and "per_token=product" in format_result(result)
+
+
+def test_bench_train_times_both_forms_of_the_adaln_rows_side_by_side(capsys):
+    from unimodal.backbone import dit
+    from unimodal.cli import main
+
+    chosen = dit.per_token
+    assert main(["bench", "train", "--preset", "tiny", "--batch-size", "4", "--steps", "1", "--no-bf16",
+                 "--compare-where"]) == 0
+    out = capsys.readouterr().out
+    assert "per_token=where" in out and "per_token=product" in out
+    assert "adaLN rows by product instead of torch.where (bf16=False, compiled=False, sparse=True):" in out
+    assert dit.per_token is chosen  # the benchmark puts the model's own form back

@@ -9,11 +9,13 @@ autocast (else the fp32 peak).
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
+from unimodal.backbone import dit
 from unimodal.backbone.dit import DiT, flops_per_token
 from unimodal.tokenizers_mm.layout import Layout
 from unimodal.training.schedule import MaskSchedule
@@ -40,12 +42,24 @@ class TrainBenchResult:
     mfu: float
     compiled: bool = False
     sparse: bool = True  # logits only at masked slots, over their modality's ids
+    per_token: str = "product"  # how each token gets its adaLN row (unimodal.backbone.dit.PER_TOKEN)
 
 
-def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
-    """Best-of FLOP/s of a (size x size) @ (size x size) matmul."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b  # warm-up: thread pool and kernels
+def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5, budget_s: float = 0.5) -> float:
+    """Best-of FLOP/s of a (size x size) @ (size x size) matmul.
+
+    The side grows from 256 by doubling up to ``size`` while the next product would take at most ``budget_s``:
+    bf16 emulated on a CPU without bf16 units runs at ~1 GFLOP/s (a 2048 product: ~20 s), and a slow kernel is
+    as slow on smaller matrices; the benchmark does not spend minutes proving it."""
+    side = min(256, size)
+    while True:
+        a, b = torch.randn(side, side, dtype=dtype), torch.randn(side, side, dtype=dtype)
+        start = time.perf_counter()
+        a @ b  # warm-up: thread pool and kernels
+        if side * 2 > size or 8 * (time.perf_counter() - start) > budget_s:
+            break
+        side *= 2
+    size = side
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -77,10 +91,12 @@ def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf1
 
 
 def bench_train_side_by_side(preset: str = "small", batch_size: int = 16, steps: int = 5, bf16: bool = True,
-                             grad_accum: int = 1, compile: bool = False,
-                             sparse: tuple[bool, ...] = (False, True)) -> list[TrainBenchResult]:
-    """:func:`bench_train` for several loss heads on the same model and batches, their timed steps interleaved
-    (dense, sparse, dense, ...) so that a machine whose load changes during the run slows each alike."""
+                             grad_accum: int = 1, compile: bool = False, sparse: tuple[bool, ...] = (False, True),
+                             per_token: tuple[str, ...] = ("product",)) -> list[TrainBenchResult]:
+    """:func:`bench_train` for several loss heads (``sparse``) and forms of the adaLN row choice (``per_token``,
+    names of :data:`unimodal.backbone.dit.PER_TOKEN`) on the same model and batches, their timed steps
+    interleaved (dense, sparse, dense, ...) so that a machine whose load changes during the run slows each
+    alike."""
     layout, examples = synthetic_examples(batch_size)
     batches = [collate_examples(chunk) for chunk in length_grouped(examples, grad_accum)]
     torch.manual_seed(0)
@@ -89,41 +105,58 @@ def bench_train_side_by_side(preset: str = "small", batch_size: int = 16, steps:
     generator = torch.Generator().manual_seed(0)
     runner = CompiledForward(model) if compile else model
 
-    def one_step(spec: LossSpec) -> float:
+    def one_step(spec: LossSpec, form: str) -> float:
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        for batch in batches:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss, _ = step_loss(runner, batch, MaskSchedule(), generator, spec)
-            (loss / len(batches)).backward()
+        with _rows_by(form):
+            for batch in batches:
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    loss, _ = step_loss(runner, batch, MaskSchedule(), generator, spec)
+                (loss / len(batches)).backward()
         optimizer.step()
         return time.perf_counter() - start
 
-    specs = [LossSpec(TargetVocab.of(layout) if flag else None) for flag in sparse]
-    for spec in specs:
-        one_step(spec)  # warm-up (and compilation)
+    variants = [(flag, form) for flag in sparse for form in per_token]
+    specs = {flag: LossSpec(TargetVocab.of(layout) if flag else None) for flag in sparse}
+    for flag, form in variants:
+        one_step(specs[flag], form)  # warm-up (and compilation)
         if compile:
-            one_step(spec)  # dynamic shapes may compile a second graph
-    times = [[one_step(spec) for spec in specs] for _ in range(steps)]  # (steps, variants)
+            one_step(specs[flag], form)  # dynamic shapes may compile a second graph
+    times = [[one_step(specs[flag], form) for flag, form in variants] for _ in range(steps)]  # (steps, variants)
     peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
     tokens = sum(int(b.batch.attention_mask.sum()) for b in batches)
     padded = sum(b.batch.ids.numel() for b in batches)
     seq_len = max(b.batch.ids.shape[1] for b in batches)
     flops = sum(3 * flops_per_token(model, b.batch.ids.shape[1]) * int(b.batch.attention_mask.sum()) for b in batches)
     results = []
-    for index, flag in enumerate(sparse):
+    for index, (flag, form) in enumerate(variants):
         step_s = float(np.median([row[index] for row in times]))
         results.append(TrainBenchResult(preset, sum(p.numel() for p in model.parameters()) / 1e6,
                                         torch.get_num_threads(), batch_size, grad_accum, seq_len, tokens / padded,
                                         bf16, step_s, tokens / step_s, flops / step_s / 1e12, peak32 / 1e12,
-                                        peak16 / 1e12, flops / step_s / (peak16 if bf16 else peak32), compile, flag))
+                                        peak16 / 1e12, flops / step_s / (peak16 if bf16 else peak32), compile, flag,
+                                        form))
     return results
+
+
+@contextmanager
+def _rows_by(form: str):
+    """The backbone's blocks choose their adaLN rows with ``PER_TOKEN[form]`` inside this block (the blocks
+    look ``per_token`` up when they run)."""
+    if form not in dit.PER_TOKEN:
+        raise ValueError(f"per_token form {form!r}; known: {sorted(dit.PER_TOKEN)}")
+    saved, dit.per_token = dit.per_token, dit.PER_TOKEN[form]
+    try:
+        yield
+    finally:
+        dit.per_token = saved
 
 
 def format_result(r: TrainBenchResult) -> str:
     return (f"preset={r.preset} ({r.params_m:.1f}M params) threads={r.threads} batch={r.batch_size} "
             f"in {r.grad_accum} micro-batch(es), longest {r.seq_len}, {r.real_token_fraction:.0%} real tokens, "
-            f"bf16={r.bf16} compiled={r.compiled} sparse={r.sparse}\n  step {r.step_seconds:.3f} s | {r.tokens_per_s:,.0f} tokens/s | model "
+            f"bf16={r.bf16} compiled={r.compiled} sparse={r.sparse} per_token={r.per_token}\n"
+            f"  step {r.step_seconds:.3f} s | {r.tokens_per_s:,.0f} tokens/s | model "
             f"{r.model_tflops * 1000:.1f} GFLOP/s | peak fp32 {r.peak_fp32_tflops * 1000:.1f} / bf16 "
             f"{r.peak_bf16_tflops * 1000:.1f} GFLOP/s | MFU {r.mfu:.1%}")
 

@@ -21,14 +21,20 @@ def _cmd_bench_train(args) -> int:
     for bf16 in ([True, False] if args.compare_fp32 else [not args.no_bf16]):
         for compiled in ([False, True] if args.compile else [False]):
             heads = (False, True) if args.compare_dense else (True,)
+            forms = ("where", "product") if args.compare_where else ("product",)
             for result in bench_train_side_by_side(args.preset, args.batch_size, args.steps, bf16=bf16,
-                                                   grad_accum=args.grad_accum, compile=compiled, sparse=heads):
+                                                   grad_accum=args.grad_accum, compile=compiled, sparse=heads,
+                                                   per_token=forms):
                 results.append(result)
                 print(format_result(result), flush=True)
-            if args.compare_dense:
+            if args.compare_dense and not args.compare_where:
                 print(f"  sparse logits speed-up (bf16={bf16}, compiled={compiled}): "
                       f"{results[-2].step_seconds / results[-1].step_seconds:.2f}x", flush=True)
-        if args.compile and not args.compare_dense:
+            if args.compare_where:
+                for where, product in zip(results[-2 * len(heads)::2], results[-2 * len(heads) + 1::2]):
+                    print(f"  adaLN rows by product instead of torch.where (bf16={bf16}, compiled={compiled}, "
+                          f"sparse={product.sparse}): {where.step_seconds / product.step_seconds:.2f}x", flush=True)
+        if args.compile and not args.compare_dense and not args.compare_where:
             print(f"  torch.compile speed-up (bf16={bf16}): "
                   f"{results[-2].step_seconds / results[-1].step_seconds:.2f}x", flush=True)
     if args.json:
@@ -147,6 +153,9 @@ def add_bench_commands(sub) -> None:
     train.add_argument("--compare-dense", action="store_true",
                        help="also run the first recipe's step (logits over the whole vocabulary at every "
                             "position), side by side with the sparse one")
+    train.add_argument("--compare-where", action="store_true",
+                       help="also run the step with each token's adaLN row chosen by torch.where (the form before "
+                            "the one-hot product), side by side")
     train.add_argument("--json", default=None)
     train.set_defaults(func=_cmd_bench_train)
     _add_bench_sample_command(bench)

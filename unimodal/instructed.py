@@ -51,7 +51,8 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
 
     ``text``: what the content says (the caption a picture was made from, the words a clip speaks), used instead
     of reading it back; ``candidates``: regenerations of a picture's or a clip's region, the one that agrees best
-    with the target description kept (see :func:`unimodal.refine.edit`); ``draft``: a picture's change of colour,
+    with the target description kept (see :func:`unimodal.refine.edit`; they apply to what the model redraws: a
+    new shape, speech, ``draft=False`` or the touch-up, not to a drafted change, which draws nothing); ``draft``: a picture's change of colour,
     size or place starts from the object's own pixels moved (:mod:`unimodal.inference.picture_draft`) and
     encoded by the image codec; False: the model redraws the whole region from the target description;
     ``touch_up``: the model then reviews the drafted codes and redraws the ones it doubts (off by default: on
@@ -76,6 +77,8 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
         edited, execute_passes = _touch_up(pipe, drafted, plan, seed, settings, candidates)
     else:
         edited, execute_passes = drafted, 0
+        if candidates > 1:  # said, not silently dropped
+            plan["draft"]["candidates"] = f"{candidates} asked, not used: a drafted change regenerates nothing"
     check = _check(pipe, edited, kind, plan["target"], seed, settings)
     passes = {"plan": plan.pop("forward_passes"), "execute": execute_passes, "check": check.pop("forward_passes")}
     trace = {"instruction": parsed.to_dict(), "modality": kind, "plan": plan,
