@@ -98,11 +98,12 @@ def draft_picture(rgb: np.ndarray, core: np.ndarray, before: dict, after: dict) 
     if not (coverage >= 0.5).any():
         return None
     x0, y0, x1, y1 = coverage_box(coverage)
-    centre = ((x0 + x1) / 2, (y0 + y1) / 2)
-    scale = SIZES[after["size"]] / SIZES[before["size"]]
-    side = max(x1 - x0, y1 - y0) * scale
-    to = POSITIONS[after["position"]] if after.get("position") != before.get("position") else centre
-    to = (_fitted(to[0], side), _fitted(to[1], side))
+    centre, measured = ((x0 + x1) / 2, (y0 + y1) / 2), max(x1 - x0, y1 - y0)
+    resized, moved = after["size"] != before["size"], after.get("position") != before.get("position")
+    scale = SIZES[after["size"]] / measured if resized else 1.0  # to the grammar's side, whatever it measured
+    to = POSITIONS[after["position"]] if moved else centre
+    if resized or moved:  # a recolour leaves the object exactly where it is, even at the canvas edge
+        to = (_fitted(to[0], measured * scale), _fitted(to[1], measured * scale))
     new_colour = np.array(COLORS[after["color"]], np.float32) if after["color"] != before["color"] else colour
     lifted = rgb.astype(np.float32) - coverage[..., None] * (colour - background)
     placed = _moved(coverage, centre, to, scale)

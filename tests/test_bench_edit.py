@@ -150,3 +150,7 @@ def test_bench_edit_refuses_bad_input_before_the_model_loads(tiny_caption_model_
     code, _, err = run(capsys, "bench", "edit", *model, "--modality", "text", "--change", "size",
                        "--out", tmp_path / "d")
     assert code == 2 and "--change size edits pictures" in err and not (tmp_path / "d").exists()
+    code, _, err = run(capsys, "bench", "edit", *model, "--modality", "audio", "--no-draft", "--out", tmp_path / "e")
+    assert code == 2 and "--no-draft edits pictures" in err
+    code, _, err = run(capsys, "bench", "edit", *model, "--no-draft", "--touch-up", "--out", tmp_path / "f")
+    assert code == 2 and "--touch-up reviews a pixel draft" in err and not (tmp_path / "f").exists()

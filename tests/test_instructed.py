@@ -233,6 +233,23 @@ def test_with_touch_up_the_model_redraws_only_drafted_codes_it_doubts(pipe):
     assert trace["forward_passes"] == sum(trace["passes"].values()) == edited.forward_passes
 
 
+def test_a_stray_pixel_of_the_colour_is_not_lifted_with_the_object(pipe):
+    picture = _scene(ONE)[0].copy()
+    picture[60, 60] = (200, 50, 50)  # one speck of red far from the circle
+    _, trace = pipe.edit(picture, instruction="make it large", text=PROMPT, **FAST)
+    draft = trace["plan"]["draft"]
+    assert draft["used"] is True and draft["cells_added"] <= 4  # the large circle, not a canvas-wide one
+    assert trace["tokens_changed"]["outside"] == 0
+
+
+def test_touch_up_without_a_draft_is_refused_and_without_a_draft_to_review_said(pipe):
+    picture = _scene(ONE)[0]
+    with pytest.raises(InputError, match="touch_up reviews a pixel draft"):
+        pipe.edit(picture, instruction="make the circle blue", text=PROMPT, draft=False, touch_up=True)
+    _, trace = pipe.edit(picture, instruction="turn the circle into a square", text=PROMPT, touch_up=True, **FAST)
+    assert trace["plan"]["touch_up"] == {"applied": False, "why": "no pixel draft to review"}
+
+
 def test_a_new_shape_is_drawn_by_the_model(pipe):
     _, trace = pipe.edit(_scene(ONE)[0], instruction="turn the circle into a square", text=PROMPT, **FAST)
     assert trace["plan"]["draft"] == {"used": False, "why": "a new shape has no silhouette to keep: the model "

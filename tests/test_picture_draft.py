@@ -101,3 +101,22 @@ def test_the_scene_judge_reads_the_target_in_every_draft(change):
         target = _changed(ONE, **change)
         drafted = draft_picture(rgb, _core(rgb, ONE), ONE["objects"][0], target["objects"][0])
         assert judge.score(drafted, target)["correct"], (seed, change)
+
+
+def test_a_recolour_at_the_canvas_edge_stays_in_place():
+    rgb = np.full((64, 64, 3), 30, np.uint8)
+    rgb[20:40, 0:19] = COLORS["red"]  # a square cut by the left edge (a picture the renderer would not draw)
+    before = {"shape": "square", "color": "red", "size": "small", "position": "left"}
+    core = np.abs(rgb.astype(int) - np.array(COLORS["red"])).sum(-1) < 60
+    drafted = draft_picture(rgb, core, before, {**before, "color": "blue"})
+    assert (drafted[20:40, 0:19] == COLORS["blue"]).all() and (drafted[core == 0] == 30).all()
+
+
+def test_a_resize_reaches_the_grammars_side_whatever_the_object_measured():
+    rgb = np.full((64, 64, 3), 30, np.uint8)
+    rgb[22:44, 21:43] = COLORS["red"]  # 22 px: between the grammar's small (18) and large (28)
+    before = {"shape": "square", "color": "red", "size": "small", "position": "center"}
+    core = np.abs(rgb.astype(int) - np.array(COLORS["red"])).sum(-1) < 60
+    drafted = draft_picture(rgb, core, before, {**before, "size": "large"})
+    x0, y0, x1, y1 = _object_box(drafted, "red")
+    assert abs((x1 - x0) - SIZES["large"]) <= 1 and abs((y1 - y0) - SIZES["large"]) <= 1

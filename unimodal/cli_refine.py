@@ -221,8 +221,11 @@ def _cmd_bench_edit(args) -> int:
     from unimodal.core.seeds import check_seed
 
     check_seed(args.seed, "--seed")
-    if args.modality != "image" and args.change != "colour":
-        raise InputError(f"--change {args.change} edits pictures; a {args.modality} edit changes a colour word")
+    if args.modality != "image" and (args.change != "colour" or not args.draft or args.touch_up):
+        flag = f"--change {args.change}" if args.change != "colour" else "--no-draft" if not args.draft else "--touch-up"
+        raise InputError(f"{flag} edits pictures; a {args.modality} edit changes a colour word")
+    if args.touch_up and not args.draft:
+        raise InputError("--touch-up reviews a pixel draft; with --no-draft the model redraws the region itself")
     out = user_path(args.out, "--out", OutputPathError)
     check_writable(out, is_folder=True)  # a file, or a folder that takes no new file, is refused here
     from unimodal.bench_edit import bench_edit, format_table, save_report

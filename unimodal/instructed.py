@@ -59,6 +59,8 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     64 test scenes it broke more edits than it fixed, docs/critique.md); ``settings``: sampler settings of
     the read-backs and the regeneration."""
     parsed = parse_instruction(instruction)
+    if touch_up and not draft:
+        raise InputError("touch_up reviews a pixel draft; with draft=False the model redraws the region itself")
     if region is not None:
         raise InputError("edit takes region= (with text=, the new description) or instruction=, not both: an "
                          "instructed edit plans its own region")
@@ -71,6 +73,8 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     rgb = _pixels(pipe, content, result, kind)
     plan = _PLANNERS[kind](pipe, result, parsed, text, seed, settings, rgb)
     drafted = _pixel_draft(pipe, result, plan, rgb) if draft and kind == "image" else None
+    if drafted is None and touch_up and kind == "image":
+        plan["touch_up"] = {"applied": False, "why": "no pixel draft to review"}
     if drafted is None:
         edited, execute_passes = _execute(pipe, result, plan, kind, seed, settings, candidates)
     elif touch_up:
@@ -259,10 +263,16 @@ def _pixel_draft(pipe, result, plan: dict, rgb: np.ndarray):
     if plan["located_by"] != "pixels of its colour":
         plan["draft"] = {"used": False, "why": "the object was not found by its colour's pixels"}
         return None
-    core = _half(colour_mask(rgb, source["objects"][index]["color"]), _side(source, index))
-    picture = draft_picture(rgb, core, source["objects"][index], target["objects"][index])
-    if picture is None:
+    if target["objects"][index]["shape"] != source["objects"][index]["shape"]:
         plan["draft"] = {"used": False, "why": "a new shape has no silhouette to keep: the model draws it"}
+        return None
+    box, _ = object_box(rgb, source, index)  # stray pixels of the colour elsewhere are not the object
+    core = _half(colour_mask(rgb, source["objects"][index]["color"]), _side(source, index))
+    inside_box = np.zeros_like(core)
+    inside_box[max(0, int(box[1]) - 1):int(box[3]) + 1, max(0, int(box[0]) - 1):int(box[2]) + 1] = True
+    picture = draft_picture(rgb, core & inside_box, source["objects"][index], target["objects"][index])
+    if picture is None:
+        plan["draft"] = {"used": False, "why": "the object's pixels are too faint to lift: the model redraws it"}
         return None
     codes = list(result.token_ids["image"])
     drafted = pipe.image_codec.encode(picture[None])[0].tolist()
@@ -315,7 +325,9 @@ def _touch_up(pipe, drafted, plan: dict, seed: int, settings, candidates: int = 
 
 
 def _agreement(pipe, result, target: str) -> tuple[float, int]:
-    return agreement_score(pipe.backbone, pipe.layout, draft_of(pipe, replace(result, settings={}), {"text": target}))
+    with pipe._lock:
+        return agreement_score(pipe.backbone, pipe.layout, draft_of(pipe, replace(result, settings={}),
+                                                                    {"text": target}))
 
 
 def splice_caption(pipe, result, plan: dict):
