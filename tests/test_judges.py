@@ -82,6 +82,8 @@ def test_wrong_colour_is_not_correct(judge, test_scenes):
     assert not score["correct"] and not score["color"]
     assert score["shape"] and score["size"]  # matched by shape once the colour fails
     assert score["objects_right"] == len(attrs["objects"]) - 1
+    assert score["per_object"]["color"] == [False] + [True] * (len(attrs["objects"]) - 1)  # only the first
+    assert all(score["per_object"]["shape"]) and len(score["per_object"]["size"]) == len(attrs["objects"])
 
 
 def test_missing_or_extra_object_is_not_correct(judge):

@@ -94,15 +94,18 @@ def _target_scene(truth: dict, instruction: str, modality: str) -> dict:
 ATTRIBUTE = {"colour": "color", "size": "size", "shape": "shape", "position": "position"}
 
 
-def _judge(judge, modality: str, content, scene: dict, change: str = "colour") -> tuple[bool, bool]:
+def _judge(judge, modality: str, content, scene: dict, change: str = "colour", index: int = 0) -> tuple[bool, bool]:
     """(every attribute right, the asked attribute right) of a picture, speech or caption against ``scene``:
-    the scene judge for pictures; speech is transcribed by the speech judge, and speech and captions are
-    parsed by the caption grammar (their asked attribute: the first object's colour)."""
+    the scene judge for pictures (the asked attribute of object ``index`` only: the one the edit changed);
+    speech is transcribed by the speech judge, and speech and captions are parsed by the caption grammar
+    (their asked attribute: the first object's colour)."""
     from unimodal.core.grammar import parse_scene_caption, scenes_equal
 
     if modality == "image":
         score = judge.score(content, scene)
-        return bool(score["correct"]), bool(score[ATTRIBUTE[change]])
+        attribute = ATTRIBUTE[change]
+        asked = score[attribute] if attribute == "position" else score["per_object"][attribute][index]
+        return bool(score["correct"]), bool(asked)
     said = judge.transcribe(content) if modality == "audio" else content
     heard = parse_scene_caption(said)
     if heard is None:
@@ -130,7 +133,7 @@ def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modalit
                 "seconds": round(time.perf_counter() - start, 2)}
     plan = trace["plan"]
     target = plan.get("target_attributes") or _target_scene(case.truth, instruction, modality)
-    right, asked = _judge(judge, modality, getattr(edited, modality), target, change)
+    right, asked = _judge(judge, modality, getattr(edited, modality), target, change, plan.get("object", 0))
     region_key = next(key for key, kind in REGION_KEYS.items() if kind == modality)
     return {**row, "target": plan["target"], "judged_right": right, "asked_right": asked,
             "verdict": bool(trace["check"]["parses_to_target"]), "read_back": trace["check"]["read_back"],

@@ -159,7 +159,8 @@ class SceneJudge:
         Detected objects are matched to expected ones by colour, then by shape, then in order; each of
         ``shape``, ``color``, ``size`` is True when every expected object has it right, ``position`` (one
         object) or ``relation`` (two) likewise, the other one None. ``objects_right`` counts expected
-        objects right in every attribute; ``correct`` needs all of that and no missing or extra object.
+        objects right in every attribute; ``correct`` needs all of that and no missing or extra object;
+        ``per_object``: for each of ``shape``, ``color``, ``size``, one verdict per expected object, in order.
         """
         expected = attrs.get("objects") if isinstance(attrs, dict) else None
         if not expected:
@@ -181,7 +182,8 @@ class SceneJudge:
         summary = {key: all(values) for key, values in right.items()}
         correct = all(summary.values()) and len(detected) == len(expected) and (position if single else relation)
         return {"correct": bool(correct), **summary, "position": position, "relation": relation,
-                "objects_right": int(sum(objects_right)), "n_expected": len(expected), "n_detected": len(detected)}
+                "objects_right": int(sum(objects_right)), "n_expected": len(expected), "n_detected": len(detected),
+                "per_object": {key: [bool(v) for v in values] for key, values in right.items()}}
 
 
 def _match_objects(expected: list[dict], detected: list[dict]) -> list[dict | None]:
