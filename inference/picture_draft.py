@@ -33,7 +33,8 @@ def background_colour(rgb: np.ndarray) -> np.ndarray:
     return np.median(pixels[grey] if grey.sum() >= pixels.shape[0] // 8 else pixels, axis=0)
 
 
-def _dilated(mask: np.ndarray, radius: int) -> np.ndarray:
+def dilated(mask: np.ndarray, radius: int) -> np.ndarray:
+    """(H, W) bool: ``mask`` grown by ``radius`` pixels in every direction (a square neighbourhood)."""
     grown = mask.copy()
     for dy in range(-radius, radius + 1):
         for dx in range(-radius, radius + 1):
@@ -63,7 +64,7 @@ def object_coverage(rgb: np.ndarray, core: np.ndarray, background: np.ndarray) -
     colour = np.median(pixels[core], axis=0)
     direction = colour - background
     coverage = ((pixels - background) @ direction) / max(float(direction @ direction), 1.0)
-    return np.clip(coverage, 0.0, 1.0) * _dilated(core, EDGE), colour
+    return np.clip(coverage, 0.0, 1.0) * dilated(core, EDGE), colour
 
 
 def coverage_box(coverage: np.ndarray) -> list[float]:
@@ -111,4 +112,4 @@ def draft_picture(rgb: np.ndarray, core: np.ndarray, before: dict, after: dict) 
     return np.clip(np.rint(drafted), 0, 255).astype(np.uint8)
 
 
-__all__ = ["background_colour", "coverage_box", "draft_picture", "object_coverage"]
+__all__ = ["background_colour", "coverage_box", "dilated", "draft_picture", "object_coverage"]

@@ -72,6 +72,20 @@ def edit_instruction(truth: dict, k: int, modality: str = "image", change: str =
     return f"make the {ref} {new}"
 
 
+def check_edit_options(modality: str, change: str = "colour", draft: bool = True, touch_up: bool = False) -> None:
+    """Refuse options that do not fit the content edited, named by their ``bench edit`` flags: a change other
+    than colour, ``--no-draft`` and ``--touch-up`` are for pictures; a touch-up reviews a draft."""
+    if modality not in MODALITIES:
+        raise InputError(f"bench edit edits one of {MODALITIES}, got {modality!r}")
+    if change not in CHANGES:
+        raise InputError(f"bench edit changes one of {CHANGES}, got {change!r}")
+    if modality != "image" and (change != "colour" or not draft or touch_up):
+        flag = f"--change {change}" if change != "colour" else "--no-draft" if not draft else "--touch-up"
+        raise InputError(f"{flag} edits pictures; a {modality} edit changes a colour word")
+    if touch_up and not draft:
+        raise InputError("--touch-up reviews a pixel draft; with --no-draft the model redraws the region itself")
+
+
 def edit_cases(cases: Sequence, change: str) -> list:
     """The cases a change applies to: a move needs a picture of one object (a pair's places are a relation)."""
     if change not in CHANGES:
@@ -173,10 +187,7 @@ def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool 
 
     if not cases:
         raise InputError("bench edit needs at least one case")
-    if modality not in MODALITIES:
-        raise InputError(f"bench edit edits one of {MODALITIES}, got {modality!r}")
-    if modality != "image" and change != "colour":
-        raise InputError(f"a {modality} edit changes a colour word; --change {change} is for pictures")
+    check_edit_options(modality, change, draft, touch_up)
     cases = edit_cases(cases, change)
     if not cases:
         raise InputError(f"no case of this split takes a {change} edit")
@@ -242,4 +253,5 @@ def save_report(report: dict, out: str | Path) -> Path:
                                                                                       + "\n"))
 
 
-__all__ = ["bench_edit", "edit_case", "edit_instruction", "format_table", "save_report", "summarise"]
+__all__ = ["bench_edit", "check_edit_options", "edit_case", "edit_instruction", "format_table", "save_report",
+           "summarise"]

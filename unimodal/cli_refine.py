@@ -220,15 +220,12 @@ def _cmd_bench_edit(args) -> int:
     from unimodal.checks import check_writable
     from unimodal.core.seeds import check_seed
 
+    from unimodal.bench_edit import bench_edit, check_edit_options, format_table, save_report
+
     check_seed(args.seed, "--seed")
-    if args.modality != "image" and (args.change != "colour" or not args.draft or args.touch_up):
-        flag = f"--change {args.change}" if args.change != "colour" else "--no-draft" if not args.draft else "--touch-up"
-        raise InputError(f"{flag} edits pictures; a {args.modality} edit changes a colour word")
-    if args.touch_up and not args.draft:
-        raise InputError("--touch-up reviews a pixel draft; with --no-draft the model redraws the region itself")
+    check_edit_options(args.modality, args.change, args.draft, args.touch_up)
     out = user_path(args.out, "--out", OutputPathError)
     check_writable(out, is_folder=True)  # a file, or a folder that takes no new file, is refused here
-    from unimodal.bench_edit import bench_edit, format_table, save_report
     from unimodal.eval_cases import load_cases
     from unimodal.inference.evaluate import model_hash
     from unimodal.judges import SceneJudge, SpeechJudge

@@ -264,8 +264,8 @@ def summary_line(summary: dict) -> str:
     if refine["rounds"]:
         rounds = f"{refine['rounds']} round{'s' if refine['rounds'] != 1 else ''}"
         line += f"; refine: {rounds}, draft {_word(refine['draft_right'])} -> {_word(refine['final_right'])}"
-    edits = summary.get("edits")
-    if edits and edits["n"]:
+    edits = summary["edits"]
+    if edits["n"]:
         line += (f"; edits: {edits['right']} of {edits['n']} judged right" if edits["judged"]
                  else f"; edits: {edits['n']} not judged")
     return line + f"; {summary['seconds']} s"

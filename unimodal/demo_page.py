@@ -114,7 +114,7 @@ def write_edits(folder: Path, edits: list[dict]) -> list[dict]:
 # ---- summary ------------------------------------------------------------------------------------------------
 
 
-def build_summary(run, inputs: dict, outputs: dict, rounds: list[dict], edits: list[dict] = ()) -> dict:
+def build_summary(run, inputs: dict, outputs: dict, rounds: list[dict], edits: list[dict]) -> dict:
     """What the page shows, as JSON: files, texts, verdicts, counts, refine rounds, timings and the machine."""
     import torch
 
@@ -131,7 +131,7 @@ def build_summary(run, inputs: dict, outputs: dict, rounds: list[dict], edits: l
             "refine": {"rounds": len(rounds), "draft_right": rounds[0]["correct_before"] if rounds else None,
                        "final_right": rounds[-1]["correct_after"] if rounds else None, "trace": _plain(rounds)},
             "edits": {"n": len(edits), "judged": sum(e.get("correct") is not None for e in edits),
-                      "right": sum(bool(e.get("correct")) for e in edits), "trace": _plain(list(edits))},
+                      "right": sum(bool(e.get("correct")) for e in edits), "trace": _plain(edits)},
             "notes": run.notes, "seconds": run.timings.get("total_s"), "timings": run.timings,
             "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                         "cpu_capability": torch.backends.cpu.get_cpu_capability()}}
@@ -214,7 +214,8 @@ def _edits_section(edits: dict) -> str:
     for record in edits["trace"]:
         said = html.escape(record["instruction"])
         if "refused" in record:
-            rows.append(f'<tr><td>“{said}”</td><td colspan="4">refused: {html.escape(record["refused"])}</td></tr>')
+            refused = html.escape(record["refused"])
+            rows.append(f'<tr><td>“{said}”</td><td colspan="4">refused: {refused}</td></tr>')
             continue
         how = "the object's own pixels moved" if record["drafted"] else "redrawn by the model"
         rows.append(f'<tr><td>“{said}”<br><small>target: {html.escape(record["target"])}</small></td>'
@@ -250,7 +251,7 @@ def render_html(summary: dict) -> str:
             f'({machine["torch_threads"]} torch threads, {html.escape(str(machine["cpu_capability"]))}).</p>'
             + (f"<ul>{notes}</ul>" if notes else "") + sections
             + _refine_section(summary["refine"], summary["directions"]["text->image"]["outputs"]["image"])
-            + (_edits_section(summary["edits"]) if summary.get("edits", {}).get("n") else "")
+            + (_edits_section(summary["edits"]) if summary["edits"]["n"] else "")
             + '<p><a href="summary.json">summary.json</a>: every file, caption, verdict and timing.</p></body></html>\n')
 
 
@@ -259,7 +260,7 @@ def write_page(folder: Path, run) -> tuple[Path, dict]:
     inputs = write_inputs(folder, run.case)
     outputs = {direction: write_outputs(folder, direction, result) for direction, result in run.results.items()}
     rounds = write_rounds(folder, run.rounds)
-    edits = write_edits(folder, getattr(run, "edits", []))
+    edits = write_edits(folder, run.edits)
     summary = build_summary(run, inputs, outputs, rounds, edits)
     atomic_write(folder / "summary.json", lambda t: t.write_text(json.dumps(summary, indent=2) + "\n"))
     page = atomic_write(folder / "index.html", lambda t: t.write_text(render_html(summary), encoding="utf-8"))

@@ -31,7 +31,7 @@ from unimodal.core.errors import InputError
 from unimodal.core.grammar import COLORS, IMAGE_SIZE, POSITIONS, SIZES, parse_scene_caption, scene_caption, scenes_equal
 from unimodal.core.instructions import apply_instruction, parse_instruction, replace_word, require_fits
 from unimodal.inference.critique import agreement_score, image_region, text_offsets
-from unimodal.inference.picture_draft import draft_picture
+from unimodal.inference.picture_draft import dilated, draft_picture
 from unimodal.inputs import as_image
 from unimodal.refine import _decoded, _differences, as_result, critique, draft_of, edit, speech_span
 from unimodal.results import GenerationResult
@@ -52,12 +52,12 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     ``text``: what the content says (the caption a picture was made from, the words a clip speaks), used instead
     of reading it back; ``candidates``: regenerations of a picture's or a clip's region, the one that agrees best
     with the target description kept (see :func:`unimodal.refine.edit`; they apply to what the model redraws: a
-    new shape, speech, ``draft=False`` or the touch-up, not to a drafted change, which draws nothing); ``draft``: a picture's change of colour,
-    size or place starts from the object's own pixels moved (:mod:`unimodal.inference.picture_draft`) and
-    encoded by the image codec; False: the model redraws the whole region from the target description;
-    ``touch_up``: the model then reviews the drafted codes and redraws the ones it doubts (off by default: on
-    64 test scenes it broke more edits than it fixed, docs/critique.md); ``settings``: sampler settings of
-    the read-backs and the regeneration."""
+    new shape, speech, ``draft=False`` or the touch-up, not to a drafted change, which draws nothing);
+    ``draft``: a picture's change of colour, size or place starts from the object's own pixels moved
+    (:mod:`unimodal.inference.picture_draft`) and encoded by the image codec; False: the model redraws the
+    whole region from the target description; ``touch_up``: the model then reviews the drafted codes and
+    redraws the ones it doubts (off by default: on 64 test scenes it broke more edits than it fixed,
+    docs/critique.md); ``settings``: sampler settings of the read-backs and the regeneration."""
     parsed = parse_instruction(instruction)
     if touch_up and not draft:
         raise InputError("touch_up reviews a pixel draft; with draft=False the model redraws the region itself")
@@ -204,11 +204,15 @@ def _half(mask: np.ndarray, side: str | None) -> np.ndarray:
     return kept
 
 
+def _object_mask(rgb: np.ndarray, source: dict, index: int) -> np.ndarray:
+    """(H, W) bool: the pixels of object ``index``'s colour (in its half of the canvas, for a pair)."""
+    return _half(colour_mask(rgb, source["objects"][index]["color"]), _side(source, index))
+
+
 def object_box(rgb: np.ndarray, source: dict, index: int) -> tuple[list[float] | None, str]:
     """The pixel box of object ``index`` of the scene read back: its colour's pixels (in its half of the canvas,
     for a pair), ignoring rows and columns with a single stray pixel. None when too few pixels are found."""
-    obj = source["objects"][index]
-    mask = _half(colour_mask(rgb, obj["color"]), _side(source, index))
+    mask = _object_mask(rgb, source, index)
     if mask.sum() < MIN_PIXELS:
         return None, "the grammar's anchor (no pixels of its colour found)"
     rows, cols = np.flatnonzero(mask.sum(1) >= 2), np.flatnonzero(mask.sum(0) >= 2)
@@ -267,7 +271,7 @@ def _pixel_draft(pipe, result, plan: dict, rgb: np.ndarray):
         plan["draft"] = {"used": False, "why": "a new shape has no silhouette to keep: the model draws it"}
         return None
     box, _ = object_box(rgb, source, index)  # stray pixels of the colour elsewhere are not the object
-    core = _half(colour_mask(rgb, source["objects"][index]["color"]), _side(source, index))
+    core = _object_mask(rgb, source, index)
     inside_box = np.zeros_like(core)
     inside_box[max(0, int(box[1]) - 1):int(box[3]) + 1, max(0, int(box[0]) - 1):int(box[2]) + 1] = True
     picture = draft_picture(rgb, core & inside_box, source["objects"][index], target["objects"][index])
@@ -289,14 +293,10 @@ def _cells_changed(layout, before: np.ndarray, after: np.ndarray) -> set[int]:
     """Grid cells holding a pixel the draft changed by more than :data:`DRAFT_NOISE` (one pixel around it
     included, so a splice's seam falls on pixels that did not change)."""
     changed = np.abs(after.astype(np.int16) - before.astype(np.int16)).max(-1) > DRAFT_NOISE
-    rows, cols = np.nonzero(changed)
+    rows, cols = np.nonzero(dilated(changed, 1))
     patch, (n_rows, n_cols) = layout.image_patch, layout.image_grid
-    cells = set()
-    for y, x in zip(rows.tolist(), cols.tolist()):
-        for yy in range(max(0, y - 1), min(before.shape[0], y + 2)):
-            for xx in range(max(0, x - 1), min(before.shape[1], x + 2)):
-                cells.add(min(yy // patch, n_rows - 1) * n_cols + min(xx // patch, n_cols - 1))
-    return cells
+    cells = np.minimum(rows // patch, n_rows - 1) * n_cols + np.minimum(cols // patch, n_cols - 1)
+    return set(cells.tolist())
 
 
 def _region_positions(pipe, regions) -> set[int]:
@@ -374,12 +374,11 @@ def _tokens_changed(pipe, before, after, kind: str, plan: dict) -> dict:
     old, new = before.token_ids[kind], after.token_ids[kind]
     if kind == "text":
         return _caption_tokens_changed(old, new, plan["regions"][0]["indices"])
-    inside = set()
-    for region in plan["regions"]:
-        if kind == "image":
-            inside |= set(pipe.layout.image_box_to_positions(region["box"]).tolist())
-        else:
-            inside |= set(pipe.layout.audio_span_to_positions(*region["seconds"], n_codes=len(old)).tolist())
+    if kind == "image":
+        inside = _region_positions(pipe, plan["regions"])
+    else:
+        inside = {k for region in plan["regions"]
+                  for k in pipe.layout.audio_span_to_positions(*region["seconds"], n_codes=len(old)).tolist()}
     changed = [k for k in range(max(len(old), len(new))) if k >= min(len(old), len(new)) or old[k] != new[k]]
     return {"inside": sum(k in inside for k in changed), "outside": sum(k not in inside for k in changed)}
 
