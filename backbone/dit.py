@@ -117,6 +117,45 @@ class ConditionCache:
                               torch.cat([c.attention_mask for c in padded]))
 
 
+@dataclass(eq=False)
+class Packing:
+    """The real tokens of a padded (B, L) batch, so that the per-token layers (projections, MLP, adaLN, RoPE)
+    run on them alone; only attention runs on the padded (B, L) layout, where SDPA wants it.
+
+    A training batch pads every sequence to its longest (a caption task beside a speech task: ~25-45% of the
+    slots are padding), and a projection of a padding slot is work whose result nothing reads. The real
+    tokens' values are the padded forward's (each row of a per-token layer depends on that row alone; a matmul
+    over fewer rows may round differently in the last bit), and padding slots come back as zeros.
+
+    ``index`` (N,): each real token's place in the flattened (B * L) batch; ``rows`` (N,): its adaLN row among
+    the flattened (B * 2) modulation rows (``2 * sample + is_target``)."""
+
+    index: torch.Tensor
+    rows: torch.Tensor
+    batch: int
+    length: int
+
+    @classmethod
+    def of(cls, attention_mask: torch.Tensor, is_target: torch.Tensor) -> "Packing":
+        index = attention_mask.flatten().nonzero().squeeze(1)  # (N,)
+        rows = 2 * torch.div(index, attention_mask.shape[1], rounding_mode="floor") + is_target.flatten()[index].long()
+        return cls(index, rows, *attention_mask.shape)
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, ...) -> (N, ...): the real tokens."""
+        return x.flatten(0, 1).index_select(0, self.index)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, L, ...), zeros at padding."""
+        padded = x.new_zeros(self.batch * self.length, *x.shape[1:])
+        return padded.index_copy(0, self.index, x).unflatten(0, (self.batch, self.length))
+
+    def modulation(self, modulation: torch.Tensor) -> torch.Tensor:
+        """(B, 2, M) rows [for t = 0, for the sample's t] -> (N, M): each real token's row (what
+        :func:`per_token` gives the padded layout)."""
+        return modulation.flatten(0, 1).index_select(0, self.rows)
+
+
 # ---- small functions ----------------------------------------------------------------------------------------
 
 
@@ -152,7 +191,7 @@ def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -
 
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, L, 2) positions -> cos, sin, each (B, 1, L, head_dim) float32.
+    """(B, L, 2) positions -> cos, sin, each (B, 1, L, head_dim) float32 (packed (N, 2) -> (N, 1, head_dim)).
 
     Head layout: [row half | col half], each half a rotate-half RoPE of its axis, so the angles read
     [a_row, a_row, a_col, a_col] over the four quarters of the head.
@@ -238,19 +277,27 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
         self.proj = nn.Linear(hidden_size, hidden_size)
 
-    def forward(self, x, rope, visible, past=None):
+    def forward(self, x, rope, visible, past=None, packing: Packing | None = None):
         """x (B, L, D) -> (B, L, D) and this call's (keys, values) (B, H, L, hd) after RoPE.
 
         ``past``: cached (keys, values) of condition tokens, prepended to this call's keys and values.
+        ``packing``: x is (N, D), the real tokens (rope (N, 1, hd) x2); they are laid out padded for attention
+        alone, and the output is (N, D).
         """
-        q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, -1)).permute(2, 0, 3, 1, 4)  # (B, H, L, hd) x3
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # (B, H, L, hd)
+        qkv = self.qkv(x).unflatten(-1, (3, self.num_heads, -1))  # (B, L, 3, H, hd), packed: (N, 3, H, hd)
+        if packing is None:
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)  # (B, H, L, hd) x3
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # (B, H, L, hd)
+        else:
+            q, k = apply_rotary(qkv[:, 0], *rope), apply_rotary(qkv[:, 1], *rope)  # (N, H, hd)
+            qkv = packing.unpack(torch.stack([q, k, qkv[:, 2]], dim=1))  # (B, L, 3, H, hd)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)  # (B, H, L, hd) x3
         keys, values = k, v
         if past is not None:
             keys = torch.cat([past[0].to(k.dtype), k], dim=2)  # (B, H, L_c + L, hd)
             values = torch.cat([past[1].to(v.dtype), v], dim=2)  # (B, H, L_c + L, hd)
-        out = attend(q, keys, values, visible)  # (B, H, L, hd)
-        return self.proj(out.transpose(1, 2).flatten(2)), (k, v)  # (B, L, D)
+        out = attend(q, keys, values, visible).transpose(1, 2).flatten(2)  # (B, L, D)
+        return self.proj(out if packing is None else packing.pack(out)), (k, v)  # (B, L, D), packed: (N, D)
 
 
 class DiTBlock(nn.Module):
@@ -267,11 +314,14 @@ class DiTBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
 
-    def forward(self, x, c_pair, is_target, rope, visible, past=None):
-        """x (B, L, D), c_pair (B, 2, D) -> x (B, L, D) and (keys, values) of this layer."""
-        mods = per_token(self.adaLN_modulation(c_pair), is_target).chunk(6, dim=-1)  # 6 x (B, L, D)
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
-        attn_out, kv = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), rope, visible, past)  # (B, L, D)
+    def forward(self, x, c_pair, is_target, rope, visible, past=None, packing: Packing | None = None):
+        """x (B, L, D), c_pair (B, 2, D) -> x (B, L, D) and (keys, values) of this layer. ``packing``: x is
+        (N, D), the real tokens alone (:class:`Packing`), and so is the output."""
+        modulation = self.adaLN_modulation(c_pair)  # (B, 2, 6D)
+        rows = per_token(modulation, is_target) if packing is None else packing.modulation(modulation)
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = rows.chunk(6, dim=-1)  # 6 x (B, L, D)
+        attn_out, kv = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), rope, visible, past,
+                                 packing)  # (B, L, D)
         x = x + gate_msa * self.dropout(attn_out)  # (B, L, D)
         mlp_out = self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))  # (B, L, D)
         return x + gate_mlp * self.dropout(mlp_out), kv  # (B, L, D)
@@ -285,8 +335,10 @@ class FinalLayer(nn.Module):
         self.norm_final = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
 
-    def forward(self, x, c_pair, is_target):
-        shift, scale = per_token(self.adaLN_modulation(c_pair), is_target).chunk(2, dim=-1)  # (B, L, D) x2
+    def forward(self, x, c_pair, is_target, packing: Packing | None = None):
+        modulation = self.adaLN_modulation(c_pair)  # (B, 2, 2D)
+        rows = per_token(modulation, is_target) if packing is None else packing.modulation(modulation)
+        shift, scale = rows.chunk(2, dim=-1)  # (B, L, D) x2, packed: (N, D) x2
         return modulate(self.norm_final(x), shift, scale)  # (B, L, D)
 
 
@@ -374,37 +426,50 @@ class DiT(ModelMixin, ConfigMixin):
         with torch.autocast(hidden.device.type, enabled=False):
             return F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())  # (..., V)
 
-    def heads(self, x, c_pair, is_target, logits: bool = True, critic: bool = True) -> DiTOutput:
+    def heads(self, x, c_pair, is_target, logits: bool = True, critic: bool = True,
+              packing: Packing | None = None) -> DiTOutput:
         """Final layer, then the vocabulary head (unless ``logits`` is False) and the critic head (unless
-        ``critic`` is False: a training step whose critic objective is off leaves the head out of the graph)."""
-        hidden = self.final_layer(x, c_pair, is_target)  # (B, L, D)
+        ``critic`` is False: a training step whose critic objective is off leaves the head out of the graph).
+        ``packing``: x holds the real tokens alone; the outputs are laid out padded, zeros at padding."""
+        hidden = self.final_layer(x, c_pair, is_target, packing)  # (B, L, D), packed: (N, D)
         wrong = self.critic_head(hidden).squeeze(-1).float() if critic else None  # (B, L)
-        return DiTOutput(logits=self.output_logits(hidden) if logits else None, critic=wrong, hidden=hidden)
+        scores = self.output_logits(hidden) if logits else None  # (B, L, V)
+        if packing is not None:
+            hidden, wrong, scores = (None if y is None else packing.unpack(y) for y in (hidden, wrong, scores))
+        return DiTOutput(logits=scores, critic=wrong, hidden=hidden)
 
     # ---- entry points ----
 
     def forward(self, ids, t, segment_ids, positions, is_target, attention_mask=None, logits=True,
-                critic=True) -> DiTOutput:
+                critic=True, unpad: bool = False) -> DiTOutput:
         """ids/segment_ids (B, L) long, t (B,) mask ratio, positions (B, L, 2), is_target (B, L) bool,
         attention_mask (B, L) bool, True at real tokens (None: all real). ``logits=False`` skips the
         vocabulary head (``logits`` is None): a caller that needs logits at a few slots computes them from
-        ``hidden`` with :meth:`output_logits`. ``critic=False`` skips the critic head (``critic`` is None)."""
+        ``hidden`` with :meth:`output_logits`. ``critic=False`` skips the critic head (``critic`` is None).
+        ``unpad``: run the per-token layers on the real tokens alone (:class:`Packing`) when the batch has
+        padding; the real tokens' outputs are the same, the padding slots' are zeros (training steps use it)."""
         attention_mask = self._check_sequence(ids, segment_ids, positions, attention_mask)
         _check_bool("is_target", is_target, ids.shape)
         _check_t(t, ids.shape[0])
-        return self.forward_unchecked(ids, t, segment_ids, positions, is_target, attention_mask, logits, critic)
+        packing = Packing.of(attention_mask, is_target) if unpad and not bool(attention_mask.all()) else None
+        return self.forward_unchecked(ids, t, segment_ids, positions, is_target, attention_mask, logits, critic,
+                                      packing)
 
     def forward_unchecked(self, ids, t, segment_ids, positions, is_target, attention_mask,
-                          logits: bool = True, critic: bool = True) -> DiTOutput:
+                          logits: bool = True, critic: bool = True, packing: Packing | None = None) -> DiTOutput:
         """:meth:`forward` without its input checks (their data-dependent branches break ``torch.compile``
-        graphs); ``attention_mask`` is required."""
-        x = self.embed(ids, segment_ids)  # (B, L, D)
+        graphs); ``attention_mask`` is required. ``packing``: the per-token layers run on its real tokens."""
         c_pair = self.condition_pair(t)  # (B, 2, D)
-        rope = self.rotary(positions)  # (B, 1, L, hd) x2
         visible = self._visibility(is_target, attention_mask)  # (B, 1, L, L)
+        if packing is None:
+            x = self.embed(ids, segment_ids)  # (B, L, D)
+            rope = self.rotary(positions)  # (B, 1, L, hd) x2
+        else:
+            x = self.embed(packing.pack(ids), packing.pack(segment_ids))  # (N, D)
+            rope = self.rotary(packing.pack(positions))  # (N, 1, hd) x2
         for block in self.blocks:
-            x, _ = block(x, c_pair, is_target, rope, visible)  # (B, L, D)
-        return self.heads(x, c_pair, is_target, logits, critic)
+            x, _ = block(x, c_pair, is_target, rope, visible, packing=packing)  # (B, L, D), packed: (N, D)
+        return self.heads(x, c_pair, is_target, logits, critic, packing)
 
     def encode_condition(self, ids, segment_ids, positions, attention_mask=None) -> ConditionCache:
         """Run the condition tokens alone (they only see each other) and keep each layer's keys/values."""

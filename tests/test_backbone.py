@@ -86,6 +86,56 @@ def test_adaln_rows_by_product_equal_torch_where_exactly_with_gradients(dtype):
         assert torch.equal(per_token(rows.float().bfloat16(), is_target), per_token_where(rows.bfloat16(), is_target))
 
 
+def padded_inputs(seed=0):
+    """Three sequences of 12, 7 and 4 real tokens padded to 12: the shape of a mixed training batch."""
+    inputs = sample_inputs(batch=3, length=12, seed=seed)
+    real = torch.arange(12)[None] < torch.tensor([[12], [7], [4]])  # (3, 12)
+    inputs["ids"] = inputs["ids"].masked_fill(~real, 0)
+    inputs["segment_ids"] = inputs["segment_ids"].masked_fill(~real, SEG_PAD)
+    inputs["is_target"] = inputs["is_target"] & real
+    inputs["is_target"][1, 3:7] = True  # targets inside the shorter sequences too
+    inputs["is_target"][2, 2:4] = True
+    return inputs, real
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_unpadded_forward_gives_the_padded_forwards_values_and_gradients(causal):
+    from unimodal.backbone.dit import Packing
+
+    torch.manual_seed(0)
+    model = randomized(DiT.from_preset("tiny", vocab_size=VOCAB, causal=causal)).train()
+    inputs, real = padded_inputs()
+    outputs, grads = [], []
+    for unpad in (False, True):
+        model.zero_grad()
+        out = model(**inputs, attention_mask=real, unpad=unpad)
+        (out.logits[real].square().mean() + out.critic[real].square().mean()).backward()
+        outputs.append(out)
+        grads.append([p.grad.clone() for p in model.parameters()])
+    padded, packed = outputs
+    for name in ("logits", "critic", "hidden"):
+        assert torch.allclose(getattr(padded, name)[real], getattr(packed, name)[real], atol=1e-5), name
+        assert torch.equal(getattr(packed, name)[~real], torch.zeros_like(getattr(packed, name)[~real])), name
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-5)
+    packing = Packing.of(real, inputs["is_target"])
+    assert packing.index.tolist() == real.flatten().nonzero().squeeze(1).tolist()  # 12 + 7 + 4 real tokens
+    sample = torch.arange(3)[:, None].expand(3, 12)[real]
+    assert torch.equal(packing.rows, 2 * sample + inputs["is_target"][real].long())  # each token's adaLN row
+    x = torch.randn(3, 12, 5)
+    assert torch.equal(packing.unpack(packing.pack(x)), x * real[..., None])  # padding comes back as zeros
+
+
+def test_unpad_leaves_a_batch_without_padding_on_the_padded_path(model, monkeypatch):
+    from unimodal.backbone import dit
+
+    built = []
+    monkeypatch.setattr(dit.Packing, "of", classmethod(lambda cls, *a: built.append(a)))
+    inputs = sample_inputs(batch=2, length=10)
+    out = model(**inputs, unpad=True)
+    assert not built and torch.equal(out.logits, model(**inputs).logits)
+
+
 def test_attention_visibility_pattern():
     is_target = torch.tensor([[False, False, True, True, False]])
     real = torch.tensor([[True, True, True, True, False]])

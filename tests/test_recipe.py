@@ -82,6 +82,29 @@ def test_step_loss_sparse_and_dense_agree_on_gradients_of_the_trunk():
     assert torch.isfinite(loss)
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_step_loss_is_the_same_with_the_padding_slots_skipped(sparse):
+    layout = toy_layout()
+    batch = mixed_batch(layout, seed=3)
+    assert not bool(batch.batch.attention_mask.all())  # the mixed batch is padded
+    torch.manual_seed(0)
+    model = DiT.from_preset("tiny", layout.vocab_size)
+    for p in model.parameters():  # adaLN-Zero starts every block as the identity: move off it
+        torch.nn.init.normal_(p, std=0.05)
+    results = []
+    for unpad in (False, True):
+        model.zero_grad()
+        spec = LossSpec(TargetVocab.of(layout) if sparse else None, masking="complementary", unpad=unpad)
+        loss, acc = step_loss(model, batch, MaskSchedule(), torch.Generator().manual_seed(0), spec,
+                              t=torch.tensor([0.2, 0.5, 0.7, 0.95]))
+        loss.backward()
+        results.append((loss.item(), float(acc), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    (loss_a, acc_a, grads_a), (loss_b, acc_b, grads_b) = results
+    assert loss_a == pytest.approx(loss_b, rel=1e-5) and acc_a == acc_b and len(grads_a) == len(grads_b)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads_a, grads_b))
+    assert TrainConfig().loss_spec(layout).unpad and not TrainConfig(unpad=False).loss_spec(layout).unpad
+
+
 def test_complementary_masks_train_every_target_token_once_per_step():
     layout = toy_layout()
     batch = mixed_batch(layout, seed=5)
@@ -114,6 +137,22 @@ def test_bf16_follows_the_hardware():
         with pytest.raises(InputError, match="no CUDA GPU"):
             resolve_device("cuda")
         assert resolve_device("auto") == "cpu"
+
+
+def test_the_codec_trainers_follow_the_hardware_too(capsys, monkeypatch):
+    from unimodal.training import hardware
+    from unimodal.training.codec_audio import AudioCodecTrainConfig
+    from unimodal.training.codec_image import ImageCodecTrainConfig
+    from unimodal.training.vocoder import VocoderTrainConfig
+
+    # bf16 autocast on a CPU without bf16 units made the image codec train ~25x slower than float32
+    assert ImageCodecTrainConfig().bf16 is AudioCodecTrainConfig().bf16 is VocoderTrainConfig().bf16 is None
+    monkeypatch.setattr(hardware, "cpu_has_bf16_units", lambda cpuinfo=None: False)
+    assert hardware.cpu_autocast_bf16(None, "image codec training") is False
+    assert hardware.cpu_autocast_bf16(True, "vocoder training") is True
+    out = capsys.readouterr().out
+    assert "image codec training: float32 (the CPU has no bf16 matrix units" in out
+    assert "vocoder training: bf16 autocast (as requested)" in out
 
 
 def test_deadline_leaves_room_for_the_next_step_and_the_save():

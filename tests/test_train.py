@@ -224,6 +224,22 @@ def test_length_grouped_micro_batches_cut_padding(tiny_codec_dir):
     assert sorted(e.task for g in groups for e in g) == sorted(tasks)
 
 
+def test_bench_train_times_the_first_recipes_step_and_the_unpadded_one_side_by_side(capsys):
+    from unimodal.cli import main
+
+    assert main(["bench", "train", "--preset", "tiny", "--batch-size", "4", "--steps", "1", "--no-bf16",
+                 "--compare-unpad"]) == 0
+    out = capsys.readouterr().out
+    assert "unpad=False" in out and "unpad=True" in out
+    assert "per-token layers on the real tokens only (unpadded) (bf16=False, compiled=False, sparse=True, " \
+           "per_token=product):" in out
+    assert main(["bench", "train", "--preset", "tiny", "--batch-size", "4", "--steps", "1", "--no-bf16",
+                 "--compare-first"]) == 0
+    out = capsys.readouterr().out
+    assert "sparse=False per_token=where unpad=False" in out and "sparse=True per_token=product unpad=True" in out
+    assert "this step over the first recipe's (dense logits, torch.where rows, padded; bf16=False, compiled=False):" in out
+
+
 def test_resume_keeps_the_runs_config_unless_steps_or_snapshots_are_given(tmp_path):
     from unimodal.training.checkpoint import cli_config, resumed_config, save_atomic
 
@@ -261,5 +277,5 @@ def test_bench_train_times_both_forms_of_the_adaln_rows_side_by_side(capsys):
                  "--compare-where"]) == 0
     out = capsys.readouterr().out
     assert "per_token=where" in out and "per_token=product" in out
-    assert "adaLN rows by product instead of torch.where (bf16=False, compiled=False, sparse=True):" in out
+    assert "adaLN rows by product instead of torch.where (bf16=False, compiled=False, sparse=True, unpad=True):" in out
     assert dit.per_token is chosen  # the benchmark puts the model's own form back

@@ -43,6 +43,22 @@ class TrainBenchResult:
     compiled: bool = False
     sparse: bool = True  # logits only at masked slots, over their modality's ids
     per_token: str = "product"  # how each token gets its adaLN row (unimodal.backbone.dit.PER_TOKEN)
+    unpad: bool = True  # per-token layers on the real tokens alone (unimodal.backbone.dit.Packing)
+
+
+@dataclass(frozen=True)
+class StepForm:
+    """How a benchmarked step computes what it computes (each form gives the same loss, up to rounding):
+    ``sparse``: logits only at masked slots, over their modality's ids; ``per_token``: how a token gets its
+    adaLN row (a name of :data:`unimodal.backbone.dit.PER_TOKEN`); ``unpad``: the per-token layers skip the
+    padding slots."""
+
+    sparse: bool = True
+    per_token: str = "product"
+    unpad: bool = True
+
+
+FIRST_RECIPE = StepForm(sparse=False, per_token="where", unpad=False)  # the step before issue 13's changes
 
 
 def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5, budget_s: float = 0.5) -> float:
@@ -87,16 +103,16 @@ def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf1
     """One optimizer step = ``grad_accum`` length-grouped micro-batches of the ``batch_size`` examples, as the
     trainer does it. ``compile``: the forward under ``torch.compile`` (its compile time is in the warm-up).
     ``sparse``: the loss's logits only where it reads them (False: the whole vocabulary at every position)."""
-    return bench_train_side_by_side(preset, batch_size, steps, bf16, grad_accum, compile, (sparse,))[0]
+    return bench_train_side_by_side(preset, batch_size, steps, bf16, grad_accum, compile, (StepForm(sparse),))[0]
 
 
 def bench_train_side_by_side(preset: str = "small", batch_size: int = 16, steps: int = 5, bf16: bool = True,
-                             grad_accum: int = 1, compile: bool = False, sparse: tuple[bool, ...] = (False, True),
-                             per_token: tuple[str, ...] = ("product",)) -> list[TrainBenchResult]:
-    """:func:`bench_train` for several loss heads (``sparse``) and forms of the adaLN row choice (``per_token``,
-    names of :data:`unimodal.backbone.dit.PER_TOKEN`) on the same model and batches, their timed steps
-    interleaved (dense, sparse, dense, ...) so that a machine whose load changes during the run slows each
-    alike."""
+                             grad_accum: int = 1, compile: bool = False,
+                             forms: tuple[StepForm, ...] = (StepForm(sparse=False), StepForm())
+                             ) -> list[TrainBenchResult]:
+    """:func:`bench_train` for several forms of the step (:class:`StepForm`) on the same model and batches,
+    their timed steps interleaved (first form, second form, first, ...) so that a machine whose load changes
+    during the run slows each alike."""
     layout, examples = synthetic_examples(batch_size)
     batches = [collate_examples(chunk) for chunk in length_grouped(examples, grad_accum)]
     torch.manual_seed(0)
@@ -104,39 +120,61 @@ def bench_train_side_by_side(preset: str = "small", batch_size: int = 16, steps:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
     runner = CompiledForward(model) if compile else model
+    specs = {form: LossSpec(TargetVocab.of(layout) if form.sparse else None, unpad=form.unpad) for form in forms}
 
-    def one_step(spec: LossSpec, form: str) -> float:
+    def one_step(form: StepForm) -> float:
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        with _rows_by(form):
+        with _rows_by(form.per_token):
             for batch in batches:
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                    loss, _ = step_loss(runner, batch, MaskSchedule(), generator, spec)
+                    loss, _ = step_loss(runner, batch, MaskSchedule(), generator, specs[form])
                 (loss / len(batches)).backward()
         optimizer.step()
         return time.perf_counter() - start
 
-    variants = [(flag, form) for flag in sparse for form in per_token]
-    specs = {flag: LossSpec(TargetVocab.of(layout) if flag else None) for flag in sparse}
-    for flag, form in variants:
-        one_step(specs[flag], form)  # warm-up (and compilation)
+    for form in forms:
+        one_step(form)  # warm-up (and compilation)
         if compile:
-            one_step(specs[flag], form)  # dynamic shapes may compile a second graph
-    times = [[one_step(specs[flag], form) for flag, form in variants] for _ in range(steps)]  # (steps, variants)
+            one_step(form)  # dynamic shapes may compile a second graph
+    times = [[one_step(form) for form in forms] for _ in range(steps)]  # (steps, forms)
     peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
     tokens = sum(int(b.batch.attention_mask.sum()) for b in batches)
     padded = sum(b.batch.ids.numel() for b in batches)
     seq_len = max(b.batch.ids.shape[1] for b in batches)
     flops = sum(3 * flops_per_token(model, b.batch.ids.shape[1]) * int(b.batch.attention_mask.sum()) for b in batches)
     results = []
-    for index, (flag, form) in enumerate(variants):
+    for index, form in enumerate(forms):
         step_s = float(np.median([row[index] for row in times]))
         results.append(TrainBenchResult(preset, sum(p.numel() for p in model.parameters()) / 1e6,
                                         torch.get_num_threads(), batch_size, grad_accum, seq_len, tokens / padded,
                                         bf16, step_s, tokens / step_s, flops / step_s / 1e12, peak32 / 1e12,
-                                        peak16 / 1e12, flops / step_s / (peak16 if bf16 else peak32), compile, flag,
-                                        form))
+                                        peak16 / 1e12, flops / step_s / (peak16 if bf16 else peak32), compile,
+                                        form.sparse, form.per_token, form.unpad and not compile))  # compiled: padded
     return results
+
+
+def speedups(results: list[TrainBenchResult]) -> list[tuple[str, float]]:
+    """For each pair of results that differ in one part of the step only, the speed-up of the newer form, named;
+    and the whole step over the first recipe's (:data:`FIRST_RECIPE`) when both were timed."""
+    named = {"sparse": "sparse logits speed-up", "per_token": "adaLN rows by product instead of torch.where",
+             "unpad": "per-token layers on the real tokens only (unpadded)"}
+    newer = {"sparse": True, "per_token": "product", "unpad": True}
+    lines = []
+    for part, label in named.items():
+        others = [k for k in named if k != part]
+        for new in (r for r in results if getattr(r, part) == newer[part]):
+            for old in (r for r in results if getattr(r, part) != newer[part]):
+                if all(getattr(old, k) == getattr(new, k) for k in others):
+                    context = ", ".join(f"{k}={getattr(new, k)}" for k in others)
+                    lines.append((f"{label} (bf16={new.bf16}, compiled={new.compiled}, {context})",
+                                  old.step_seconds / new.step_seconds))
+    first = [r for r in results if StepForm(r.sparse, r.per_token, r.unpad) == FIRST_RECIPE]
+    now = [r for r in results if StepForm(r.sparse, r.per_token, r.unpad) == StepForm()]
+    if first and now:
+        lines.append((f"this step over the first recipe's (dense logits, torch.where rows, padded; bf16={now[0].bf16}, "
+                      f"compiled={now[0].compiled})", first[0].step_seconds / now[0].step_seconds))
+    return lines
 
 
 @contextmanager
@@ -155,7 +193,7 @@ def _rows_by(form: str):
 def format_result(r: TrainBenchResult) -> str:
     return (f"preset={r.preset} ({r.params_m:.1f}M params) threads={r.threads} batch={r.batch_size} "
             f"in {r.grad_accum} micro-batch(es), longest {r.seq_len}, {r.real_token_fraction:.0%} real tokens, "
-            f"bf16={r.bf16} compiled={r.compiled} sparse={r.sparse} per_token={r.per_token}\n"
+            f"bf16={r.bf16} compiled={r.compiled} sparse={r.sparse} per_token={r.per_token} unpad={r.unpad}\n"
             f"  step {r.step_seconds:.3f} s | {r.tokens_per_s:,.0f} tokens/s | model "
             f"{r.model_tflops * 1000:.1f} GFLOP/s | peak fp32 {r.peak_fp32_tflops * 1000:.1f} / bf16 "
             f"{r.peak_bf16_tflops * 1000:.1f} GFLOP/s | MFU {r.mfu:.1%}")

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from unimodal.tokenizers_mm.audio import AudioCodec, AudioVQModel, MelFrontend, trim_silence
+from unimodal.training.hardware import cpu_autocast_bf16
 from unimodal.training.checkpoint import load_checkpoint, restore, resumed_config, save_atomic
 from unimodal.training.optim import warmup_cosine
 from unimodal.core.errors import DataError
@@ -58,7 +59,7 @@ class AudioCodecTrainConfig:
     mix: tuple[float, float, float] = (0.45, 0.25, 0.30)  # Faker text, wordfreq word lines, grammar captions
     seed: int = 0
     checkpoint_every: int = 200
-    bf16: bool = True  # measured on the CPU: 2x faster than float32 for this model
+    bf16: bool | None = None  # None: bf16 autocast where the CPU has bf16 matrix units (training.hardware)
     model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
     init_from: str | None = None  # a trained codec (or run) folder: keep its encoder + codebook, train a decoder
 
@@ -183,6 +184,7 @@ def train_audio_codec(out_dir: str | Path, cfg: AudioCodecTrainConfig | None = N
     out_dir = Path(out_dir)
     ckpt_path = out_dir / "checkpoint.pt"
     cfg, state = resumed_config(AudioCodecTrainConfig, cfg, ckpt_path, resume)
+    bf16 = cpu_autocast_bf16(cfg.bf16, "audio codec training", progress)
     torch.manual_seed(cfg.seed)
     if cfg.init_from and state is None:
         cfg, model = _decoder_upgrade(cfg)
@@ -204,7 +206,7 @@ def train_audio_codec(out_dir: str | Path, cfg: AudioCodecTrainConfig | None = N
             group["lr"] = _lr(cfg, step)
         log_mel = training_batch(cfg, step, pool)
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             recon, commit_loss, _ = model.reconstruct(log_mel)
         target, recon = model.normalize(log_mel), recon.float()
         l1 = F.l1_loss(recon, target)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel, to_pixels
+from unimodal.training.hardware import cpu_autocast_bf16
 from unimodal.training.checkpoint import restore, resumed_config, save_atomic
 from unimodal.training.optim import warmup_cosine
 from unimodal.training.data import digits, photos, scenes
@@ -38,7 +39,7 @@ class ImageCodecTrainConfig:
     mix: tuple[float, float, float] = (0.6, 0.2, 0.2)  # scenes, digits, photo crops
     seed: int = 0
     checkpoint_every: int = 100
-    bf16: bool = True
+    bf16: bool | None = None  # None: bf16 autocast where the CPU has bf16 matrix units (training.hardware)
     model: dict = field(default_factory=lambda: dict(DEFAULT_MODEL))
 
 
@@ -80,6 +81,7 @@ def train_image_codec(out_dir: str | Path, cfg: ImageCodecTrainConfig | None = N
     out_dir = Path(out_dir)
     ckpt_path = out_dir / "checkpoint.pt"
     cfg, state = resumed_config(ImageCodecTrainConfig, cfg, ckpt_path, resume)
+    bf16 = cpu_autocast_bf16(cfg.bf16, "image codec training", progress)
     torch.manual_seed(cfg.seed)
     model = ImageVQModel(**cfg.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
@@ -98,7 +100,7 @@ def train_image_codec(out_dir: str | Path, cfg: ImageCodecTrainConfig | None = N
             group["lr"] = _lr(cfg, step)
         pixels = to_pixels(training_batch(cfg, step)).contiguous(memory_format=torch.channels_last)
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             recon, commit_loss, _ = model.reconstruct(pixels)
         recon = recon.float()
         loss = F.mse_loss(recon, pixels) + 0.5 * F.l1_loss(recon, pixels) + commit_loss

@@ -220,11 +220,13 @@ def critic_loss(logits: torch.Tensor, draft: CriticDraft) -> torch.Tensor:
 
 
 def critic_objective(model, head, hidden: torch.Tensor, batch: MaskedBatch, inputs: Sequence[torch.Tensor],
-                     spec: CriticSpec, generator: torch.Generator) -> torch.Tensor:
+                     spec: CriticSpec, generator: torch.Generator, unpad: bool = True) -> torch.Tensor:
     """The critic's loss for one step: drafts from the denoising forward's ``hidden`` (rows, L, D), a second
     forward of ``model`` over them (the critic head only, no vocabulary logits), BCE. ``inputs``: the step's
-    (segment_ids, positions, is_target, attention_mask) on the device, one row per masked row."""
+    (segment_ids, positions, is_target, attention_mask) on the device, one row per masked row; ``unpad``: the
+    second forward skips the padding slots (the critic scores real slots only)."""
     rows, draft = critic_drafts(head, hidden, inputs[0], batch, spec, generator)
     segment_ids, positions, is_target, attention_mask = (x[rows] for x in inputs)
-    out = model(draft.ids, draft.t, segment_ids, positions, is_target, attention_mask, logits=False, critic=True)
+    out = model(draft.ids, draft.t, segment_ids, positions, is_target, attention_mask, logits=False, critic=True,
+                unpad=unpad)
     return critic_loss(out.critic, draft)

@@ -66,3 +66,15 @@ def use_bf16(requested: bool | None, device: str) -> tuple[bool, str]:
     if cpu_has_bf16_units():
         return True, "the CPU has bf16 matrix units (AVX512-BF16 / AMX)"
     return False, "the CPU has no bf16 matrix units: bf16 would be emulated, many times slower than float32"
+
+
+def cpu_autocast_bf16(requested: bool | None, what: str, progress: bool = True) -> bool:
+    """Whether a CPU training loop (the codecs', the vocoder's) runs under bf16 autocast: ``requested``, or
+    (None) what the CPU multiplies natively; the choice and its reason printed once, as the model trainer does.
+    On a CPU without bf16 units bf16 autocast made the image codec train ~25x slower than float32 (0.25 against
+    6.3 images/s on one AVX2 thread)."""
+    bf16, why = use_bf16(requested, "cpu")
+    if progress:
+        print(f"{what}: {'bf16 autocast' if bf16 else 'float32'} ({why})", flush=True)
+    return bf16
+

@@ -135,6 +135,9 @@ class LossSpec:
     masking: str = "independent"  # MASKINGS
     critic: object | None = None  # CriticSpec (critic.py imports this module, so it is not named here)
     critic_only: bool = False  # the critic's loss alone, the model frozen: the denoising forward only fills drafts
+    # The forward's per-token layers run on the real tokens alone (unimodal.backbone.dit.Packing): the same
+    # values with less work on padded batches (False: every padding slot too, the form before it)
+    unpad: bool = True
 
     def __post_init__(self):
         if self.masking not in MASKINGS:

@@ -65,6 +65,7 @@ class TrainConfig:
     # 2x the rows of batch_size) won at equal compute in `bench recipe` (docs/results.md, "Recipe variants")
     masking: str = "complementary"
     sparse_head: bool = True  # logits only at masked slots, over their modality's ids (False: the first recipe)
+    unpad: bool = True  # the per-token layers skip padding slots (same values, less work; False: the first recipe)
     task_weights: dict = field(default_factory=lambda: dict(DEFAULT_TASK_WEIGHTS))
     cond_drop: float = 0.1
     val_every: int = 200
@@ -142,7 +143,7 @@ class TrainConfig:
         critic = CriticSpec.of(layout, weight, self.critic_share, self.critic_swap_rate, attributes, labels) \
             if self.trains_critic else None
         return LossSpec(TargetVocab.of(layout) if self.sparse_head else None, self.loss_weighting, self.loss_norm,
-                        self.masking, critic, self.critic_only)
+                        self.masking, critic, self.critic_only, self.unpad)
 
     @property
     def autoregressive(self) -> bool:
@@ -216,7 +217,8 @@ def step_loss(model, batch: ExampleBatch, schedule: MaskSchedule, generator: tor
     masked_on_device = type(masked)(*(x.to(device) for x in (masked.noisy_ids, masked.targets, masked.masked,
                                                                   masked.maskable, masked.t)))
     with torch.no_grad() if spec.critic_only else contextlib.nullcontext():  # critic only: the fills' forward
-        out = model(masked_on_device.noisy_ids, masked_on_device.t, *inputs, logits=spec.vocab is None, critic=False)
+        out = model(masked_on_device.noisy_ids, masked_on_device.t, *inputs, logits=spec.vocab is None, critic=False,
+                    unpad=spec.unpad)
         if spec.vocab is None:
             loss = masked_diffusion_loss(out.logits, masked_on_device, spec.weighting, spec.normalise)
             acc = masked_token_accuracy(out.logits, masked_on_device)
@@ -225,7 +227,7 @@ def step_loss(model, batch: ExampleBatch, schedule: MaskSchedule, generator: tor
                                               masked_on_device, spec.vocab, spec.weighting, spec.normalise)
     if spec.critic is not None:
         critic = critic_objective(model, unwrapped(model).output_logits, out.hidden, masked_on_device, inputs,
-                                  spec.critic, generator)
+                                  spec.critic, generator, spec.unpad)
         loss = critic if spec.critic_only else loss + spec.critic.weight * critic
     return loss, acc
 
@@ -267,20 +269,22 @@ def step_batches(layout, tokens, cfg, start: int, rank: int, world: int, workers
     return iter(loader)
 
 
-def ar_step_loss(model, batch: ExampleBatch):
+def ar_step_loss(model, batch: ExampleBatch, unpad: bool = True):
     """The autoregressive twin's step: one causal forward, next-token loss on the target slots."""
     b = batch.batch
     device = next(model.parameters()).device
     ids, predict = b.ids.to(device), batch.maskable.to(device)
     t = torch.zeros(ids.shape[0], device=device)  # a causal model sees clean tokens only
     out = model(ids, t, b.segment_ids.to(device), b.positions.to(device), batch.is_target.to(device),
-                b.attention_mask.to(device), critic=False)
+                b.attention_mask.to(device), critic=False, unpad=unpad)
     return next_token_loss(out.logits, ids, predict), next_token_accuracy(out.logits, ids, predict)
 
 
 def objective_loss(model, batch: ExampleBatch, cfg: "TrainConfig", schedule: MaskSchedule,
                    generator: torch.Generator, spec: LossSpec):
-    return ar_step_loss(model, batch) if cfg.autoregressive else step_loss(model, batch, schedule, generator, spec)
+    if cfg.autoregressive:
+        return ar_step_loss(model, batch, spec.unpad)
+    return step_loss(model, batch, schedule, generator, spec)
 
 
 class CompiledForward(torch.nn.Module):
@@ -295,7 +299,10 @@ class CompiledForward(torch.nn.Module):
 
             torch._dynamo.config.suppress_errors = True
 
-    def forward(self, ids, t, segment_ids, positions, is_target, attention_mask, logits=True, critic=True):
+    def forward(self, ids, t, segment_ids, positions, is_target, attention_mask, logits=True, critic=True,
+                unpad=False):
+        # A compiled forward runs padded: the real-token count changes every batch, and each new count would
+        # cost a recompilation or a graph break (compilation is for GPUs, where padding slots are nearly free).
         return self._compiled(ids, t, segment_ids, positions, is_target, attention_mask, logits, critic)
 
 

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from unimodal.tokenizers_mm.audio import LOG_FLOOR, AudioCodec
 from unimodal.tokenizers_mm.vocoder import MelVocoder, check_vocoder_fits
+from unimodal.training.hardware import cpu_autocast_bf16
 from unimodal.training.checkpoint import load_checkpoint, restore, resumed_config, save_atomic
 from unimodal.training.optim import warmup_cosine
 from unimodal.core.errors import DataError
@@ -43,7 +44,7 @@ class VocoderTrainConfig:
     codec_mel_fraction: float = 0.5  # share of windows whose input is the codec's decoded mel
     seed: int = 0
     checkpoint_every: int = 200
-    bf16: bool = True
+    bf16: bool | None = None  # None: bf16 autocast where the CPU has bf16 matrix units (training.hardware)
     model: dict = field(default_factory=dict)
     init_from: str | None = None  # a trained vocoder folder to start from (fine-tuning), instead of random weights
 
@@ -119,6 +120,7 @@ def train_vocoder(codec_dir: str | Path, out_dir: str | Path, cfg: VocoderTrainC
     out_dir = Path(out_dir)
     ckpt_path = out_dir / "checkpoint.pt"
     cfg, state = resumed_config(VocoderTrainConfig, cfg, ckpt_path, resume)
+    bf16 = cpu_autocast_bf16(cfg.bf16, "vocoder training", progress)
     codec = AudioCodec.from_pretrained(codec_dir)
     hop = codec.model.config.hop_length
     torch.manual_seed(cfg.seed)
@@ -137,7 +139,7 @@ def train_vocoder(codec_dir: str | Path, out_dir: str | Path, cfg: VocoderTrainC
             group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps, cfg.warmup, min_ratio=0.05)
         mels, waves = training_batch(cfg, step, pool, hop)
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             prediction = model(mels)
         prediction = prediction.float()
         spectral = stft_loss(prediction, waves)

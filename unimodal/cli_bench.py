@@ -11,30 +11,32 @@ from unimodal.cli_common import add_model_arguments, number_list, parse_cfg
 
 
 def _cmd_bench_train(args) -> int:
+    import itertools
+
     import torch
 
-    from unimodal.training.bench import bench_train_side_by_side, format_result, result_dict
+    from unimodal.training.bench import (FIRST_RECIPE, StepForm, bench_train_side_by_side, format_result,
+                                         result_dict, speedups)
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.compare_first:
+        forms = (FIRST_RECIPE, StepForm())
+    else:
+        axes = ((False, True) if args.compare_dense else (True,), ("where", "product") if args.compare_where
+                else ("product",), (False, True) if args.compare_unpad else (True,))
+        forms = tuple(StepForm(*choice) for choice in itertools.product(*axes))
     results = []
     for bf16 in ([True, False] if args.compare_fp32 else [not args.no_bf16]):
         for compiled in ([False, True] if args.compile else [False]):
-            heads = (False, True) if args.compare_dense else (True,)
-            forms = ("where", "product") if args.compare_where else ("product",)
-            for result in bench_train_side_by_side(args.preset, args.batch_size, args.steps, bf16=bf16,
-                                                   grad_accum=args.grad_accum, compile=compiled, sparse=heads,
-                                                   per_token=forms):
-                results.append(result)
+            timed = bench_train_side_by_side(args.preset, args.batch_size, args.steps, bf16=bf16,
+                                             grad_accum=args.grad_accum, compile=compiled, forms=forms)
+            for result in timed:
                 print(format_result(result), flush=True)
-            if args.compare_dense and not args.compare_where:
-                print(f"  sparse logits speed-up (bf16={bf16}, compiled={compiled}): "
-                      f"{results[-2].step_seconds / results[-1].step_seconds:.2f}x", flush=True)
-            if args.compare_where:
-                for where, product in zip(results[-2 * len(heads)::2], results[-2 * len(heads) + 1::2]):
-                    print(f"  adaLN rows by product instead of torch.where (bf16={bf16}, compiled={compiled}, "
-                          f"sparse={product.sparse}): {where.step_seconds / product.step_seconds:.2f}x", flush=True)
-        if args.compile and not args.compare_dense and not args.compare_where:
+            for label, ratio in speedups(timed):
+                print(f"  {label}: {ratio:.2f}x", flush=True)
+            results += timed
+        if args.compile and len(forms) == 1:
             print(f"  torch.compile speed-up (bf16={bf16}): "
                   f"{results[-2].step_seconds / results[-1].step_seconds:.2f}x", flush=True)
     if args.json:
@@ -150,12 +152,18 @@ def add_bench_commands(sub) -> None:
     train.add_argument("--compare-fp32", action="store_true", help="run bf16 and fp32 side by side")
     train.add_argument("--compile", action="store_true", help="also run the step with the forward under "
                                                               "torch.compile, side by side with eager")
-    train.add_argument("--compare-dense", action="store_true",
-                       help="also run the first recipe's step (logits over the whole vocabulary at every "
-                            "position), side by side with the sparse one")
-    train.add_argument("--compare-where", action="store_true",
-                       help="also run the step with each token's adaLN row chosen by torch.where (the form before "
-                            "the one-hot product), side by side")
+    comparisons = {  # flag -> what it times side by side with the step as it is now
+        "--compare-dense": "also run the first recipe's step (logits over the whole vocabulary at every position), "
+                           "side by side with the sparse one",
+        "--compare-where": "also run the step with each token's adaLN row chosen by torch.where (the form before "
+                           "the one-hot product), side by side",
+        "--compare-unpad": "also run the step with the per-token layers over every padding slot (the form before "
+                           "the forward skipped them), side by side",
+        "--compare-first": "run the first recipe's step (dense logits, torch.where rows, padded) and this one side "
+                           "by side: the whole speed-up per example in one run",
+    }
+    for flag, text in comparisons.items():
+        train.add_argument(flag, action="store_true", help=text)
     train.add_argument("--json", default=None)
     train.set_defaults(func=_cmd_bench_train)
     _add_bench_sample_command(bench)
