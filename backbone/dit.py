@@ -122,36 +122,55 @@ class Packing:
     """The real tokens of a padded (B, L) batch, so that the per-token layers (projections, MLP, adaLN, RoPE)
     run on them alone; only attention runs on the padded (B, L) layout, where SDPA wants it.
 
-    A training batch pads every sequence to its longest (a caption task beside a speech task: ~25-45% of the
-    slots are padding), and a projection of a padding slot is work whose result nothing reads. The real
-    tokens' values are the padded forward's (each row of a per-token layer depends on that row alone; a matmul
-    over fewer rows may round differently in the last bit), and padding slots come back as zeros.
+    A training batch pads every sequence to its longest (a caption task beside a speech task: about half of
+    the slots of a mixed batch are padding), and a projection of a padding slot is work whose result nothing
+    reads. The real tokens' values are the padded forward's (each row of a per-token layer depends on that row
+    alone; a matmul over fewer rows may round differently in the last bit), and padding slots come back as
+    zeros.
 
-    ``index`` (N,): each real token's place in the flattened (B * L) batch; ``rows`` (N,): its adaLN row among
-    the flattened (B * 2) modulation rows (``2 * sample + is_target``)."""
+    ``copies`` > 1: the batch is that many stacked copies of the same sequences whose targets differ (a step
+    with complementary masks trains every sample twice). A condition token sees only conditions and is
+    modulated by t = 0, so it has the same states in every copy: it is computed once, in the first copy, and
+    its states are laid out in every copy for attention (its gradient sums over the copies, as it would in the
+    padded forward).
+
+    ``index`` (N,): each computed token's place in the flattened (B * L) batch; ``source`` (B * L,): for each
+    slot, the computed token it shows (a padding slot: N, a zero row); ``rows`` (N,): each computed token's
+    adaLN row among the flattened (B * 2) modulation rows (``2 * sample + is_target``)."""
 
     index: torch.Tensor
+    source: torch.Tensor
     rows: torch.Tensor
     batch: int
     length: int
 
     @classmethod
-    def of(cls, attention_mask: torch.Tensor, is_target: torch.Tensor) -> "Packing":
-        index = attention_mask.flatten().nonzero().squeeze(1)  # (N,)
-        rows = 2 * torch.div(index, attention_mask.shape[1], rounding_mode="floor") + is_target.flatten()[index].long()
-        return cls(index, rows, *attention_mask.shape)
+    def of(cls, attention_mask: torch.Tensor, is_target: torch.Tensor, copies: int = 1) -> "Packing":
+        batch, length = attention_mask.shape
+        computed = attention_mask.clone()  # (B, L)
+        first = batch // copies
+        if copies > 1:
+            computed[first:] &= is_target[first:]  # later copies: their targets alone
+        index = computed.flatten().nonzero().squeeze(1)  # (N,)
+        source = torch.full((batch * length,), len(index), dtype=torch.long, device=index.device)
+        source[index] = torch.arange(len(index), device=index.device)
+        if copies > 1:  # a later copy's condition slot shows the first copy's token at the same place
+            shared = (attention_mask & ~computed).flatten().nonzero().squeeze(1)
+            source[shared] = source[shared % (first * length)]
+        rows = 2 * torch.div(index, length, rounding_mode="floor") + is_target.flatten()[index].long()
+        return cls(index, source, rows, batch, length)
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, L, ...) -> (N, ...): the real tokens."""
+        """(B, L, ...) -> (N, ...): the computed tokens."""
         return x.flatten(0, 1).index_select(0, self.index)
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, ...) -> (B, L, ...), zeros at padding."""
-        padded = x.new_zeros(self.batch * self.length, *x.shape[1:])
-        return padded.index_copy(0, self.index, x).unflatten(0, (self.batch, self.length))
+        """(N, ...) -> (B, L, ...): every real slot's token (shared conditions in each copy), zeros at padding."""
+        with_zero = torch.cat([x, x.new_zeros(1, *x.shape[1:])])  # (N + 1, ...)
+        return with_zero.index_select(0, self.source).unflatten(0, (self.batch, self.length))
 
     def modulation(self, modulation: torch.Tensor) -> torch.Tensor:
-        """(B, 2, M) rows [for t = 0, for the sample's t] -> (N, M): each real token's row (what
+        """(B, 2, M) rows [for t = 0, for the sample's t] -> (N, M): each computed token's row (what
         :func:`per_token` gives the padded layout)."""
         return modulation.flatten(0, 1).index_select(0, self.rows)
 
@@ -441,17 +460,22 @@ class DiT(ModelMixin, ConfigMixin):
     # ---- entry points ----
 
     def forward(self, ids, t, segment_ids, positions, is_target, attention_mask=None, logits=True,
-                critic=True, unpad: bool = False) -> DiTOutput:
+                critic=True, unpad: bool = False, copies: int = 1) -> DiTOutput:
         """ids/segment_ids (B, L) long, t (B,) mask ratio, positions (B, L, 2), is_target (B, L) bool,
         attention_mask (B, L) bool, True at real tokens (None: all real). ``logits=False`` skips the
         vocabulary head (``logits`` is None): a caller that needs logits at a few slots computes them from
         ``hidden`` with :meth:`output_logits`. ``critic=False`` skips the critic head (``critic`` is None).
         ``unpad``: run the per-token layers on the real tokens alone (:class:`Packing`) when the batch has
-        padding; the real tokens' outputs are the same, the padding slots' are zeros (training steps use it)."""
+        padding; the real tokens' outputs are the same, the padding slots' are zeros (training steps use it).
+        ``copies`` (with ``unpad``): the batch is that many stacked copies of the same sequences, their targets
+        masked differently (complementary masks); their condition tokens are computed once (refused unless the
+        copies agree everywhere but at target ids and t)."""
         attention_mask = self._check_sequence(ids, segment_ids, positions, attention_mask)
         _check_bool("is_target", is_target, ids.shape)
         _check_t(t, ids.shape[0])
-        packing = Packing.of(attention_mask, is_target) if unpad and not bool(attention_mask.all()) else None
+        copies = self._check_copies(copies, ids, segment_ids, positions, is_target, attention_mask)
+        packing = Packing.of(attention_mask, is_target, copies) if unpad and (
+            copies > 1 or not bool(attention_mask.all())) else None
         return self.forward_unchecked(ids, t, segment_ids, positions, is_target, attention_mask, logits, critic,
                                       packing)
 
@@ -560,6 +584,22 @@ class DiT(ModelMixin, ConfigMixin):
         return attention_visibility(is_target, attention_mask)
 
     # ---- input checks ----
+
+    @staticmethod
+    def _check_copies(copies, ids, segment_ids, positions, is_target, attention_mask) -> int:
+        if not isinstance(copies, int) or copies < 1 or ids.shape[0] % copies:
+            raise InputError(f"copies must be a whole number >= 1 that divides the batch of {ids.shape[0]}, "
+                             f"got {copies!r}")
+        if copies == 1:
+            return 1
+        conditions = attention_mask & ~is_target
+        for name, x in (("segment_ids", segment_ids), ("positions", positions), ("is_target", is_target),
+                        ("attention_mask", attention_mask), ("condition ids", ids.masked_fill(~conditions, 0))):
+            chunks = x.chunk(copies)
+            if not all(torch.equal(chunks[0], c) for c in chunks[1:]):
+                raise InputError(f"copies={copies}: the {copies} stacked copies differ in {name}; copies may "
+                                 f"differ only in their target ids and t")
+        return copies
 
     def _check_sequence(self, ids, segment_ids, positions, attention_mask) -> torch.Tensor:
         """Checks shapes, dtypes and ranges; returns the attention mask (all True when None)."""

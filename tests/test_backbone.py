@@ -126,6 +126,43 @@ def test_unpadded_forward_gives_the_padded_forwards_values_and_gradients(causal)
     assert torch.equal(packing.unpack(packing.pack(x)), x * real[..., None])  # padding comes back as zeros
 
 
+def test_copies_share_their_conditions_and_give_the_padded_forwards_values():
+    torch.manual_seed(0)
+    model = randomized(DiT.from_preset("tiny", vocab_size=VOCAB)).train()
+    inputs, real = padded_inputs()
+    twice = {k: torch.cat([v, v]) for k, v in inputs.items()}
+    twice["t"] = torch.rand(6, generator=torch.Generator().manual_seed(1))  # each copy its own t ...
+    is_target = twice["is_target"]
+    second = torch.zeros_like(is_target)
+    second[3:] = is_target[3:]
+    twice["ids"] = twice["ids"].masked_fill(second, MASK)  # ... and its own targets (a complementary mask)
+    mask = torch.cat([real, real])
+    outputs, grads = [], []
+    for unpad, copies in ((False, 1), (True, 2)):
+        model.zero_grad()
+        out = model(**twice, attention_mask=mask, unpad=unpad, copies=copies)
+        (out.logits[mask].square().mean() + out.hidden[mask].square().mean()).backward()
+        outputs.append(out)
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    for name in ("logits", "critic", "hidden"):
+        assert torch.allclose(getattr(outputs[0], name)[mask], getattr(outputs[1], name)[mask], atol=1e-5), name
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(*grads)) and len(grads[0]) == len(grads[1])
+    from unimodal.backbone.dit import Packing
+
+    packing = Packing.of(mask, is_target, copies=2)
+    conditions = real & ~inputs["is_target"]
+    assert len(packing.index) == int(real.sum()) + int(inputs["is_target"].sum())  # second copy: targets only
+    x = torch.randn(6, 12, 4)
+    shown = packing.unpack(packing.pack(x))
+    assert torch.equal(shown[3:][conditions], x[:3][conditions])  # the first copy's conditions in the second
+    bad = dict(twice, ids=twice["ids"].clone())
+    bad["ids"][4, 0] = (bad["ids"][4, 0] + 1) % VOCAB  # a condition token differs between the copies
+    with pytest.raises(InputError, match="condition ids"):
+        model(**bad, attention_mask=mask, unpad=True, copies=2)
+    with pytest.raises(InputError, match="copies"):
+        model(**twice, attention_mask=mask, unpad=True, copies=4)
+
+
 def test_unpad_leaves_a_batch_without_padding_on_the_padded_path(model, monkeypatch):
     from unimodal.backbone import dit
 

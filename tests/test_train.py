@@ -228,9 +228,9 @@ def test_bench_train_times_the_first_recipes_step_and_the_unpadded_one_side_by_s
     from unimodal.cli import main
 
     assert main(["bench", "train", "--preset", "tiny", "--batch-size", "4", "--steps", "1", "--no-bf16",
-                 "--compare-unpad"]) == 0
+                 "--compare-unpad", "--masking", "complementary"]) == 0
     out = capsys.readouterr().out
-    assert "unpad=False" in out and "unpad=True" in out
+    assert "unpad=False masking=complementary" in out and "unpad=True masking=complementary" in out
     assert "per-token layers on the real tokens only (unpadded) (bf16=False, compiled=False, sparse=True, " \
            "per_token=product):" in out
     assert main(["bench", "train", "--preset", "tiny", "--batch-size", "4", "--steps", "1", "--no-bf16",

@@ -44,6 +44,7 @@ class TrainBenchResult:
     sparse: bool = True  # logits only at masked slots, over their modality's ids
     per_token: str = "product"  # how each token gets its adaLN row (unimodal.backbone.dit.PER_TOKEN)
     unpad: bool = True  # per-token layers on the real tokens alone (unimodal.backbone.dit.Packing)
+    masking: str = "independent"  # one mask per sample, or complementary (every sample twice)
 
 
 @dataclass(frozen=True)
@@ -108,11 +109,12 @@ def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf1
 
 def bench_train_side_by_side(preset: str = "small", batch_size: int = 16, steps: int = 5, bf16: bool = True,
                              grad_accum: int = 1, compile: bool = False,
-                             forms: tuple[StepForm, ...] = (StepForm(sparse=False), StepForm())
-                             ) -> list[TrainBenchResult]:
+                             forms: tuple[StepForm, ...] = (StepForm(sparse=False), StepForm()),
+                             masking: str = "independent") -> list[TrainBenchResult]:
     """:func:`bench_train` for several forms of the step (:class:`StepForm`) on the same model and batches,
     their timed steps interleaved (first form, second form, first, ...) so that a machine whose load changes
-    during the run slows each alike."""
+    during the run slows each alike. ``masking``: ``complementary`` trains each sample twice a step, as the
+    trainer does by default (and the unpadded form computes their conditions once)."""
     layout, examples = synthetic_examples(batch_size)
     batches = [collate_examples(chunk) for chunk in length_grouped(examples, grad_accum)]
     torch.manual_seed(0)
@@ -120,7 +122,8 @@ def bench_train_side_by_side(preset: str = "small", batch_size: int = 16, steps:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
     runner = CompiledForward(model) if compile else model
-    specs = {form: LossSpec(TargetVocab.of(layout) if form.sparse else None, unpad=form.unpad) for form in forms}
+    specs = {form: LossSpec(TargetVocab.of(layout) if form.sparse else None, masking=masking, unpad=form.unpad)
+             for form in forms}
 
     def one_step(form: StepForm) -> float:
         start = time.perf_counter()
@@ -142,7 +145,9 @@ def bench_train_side_by_side(preset: str = "small", batch_size: int = 16, steps:
     tokens = sum(int(b.batch.attention_mask.sum()) for b in batches)
     padded = sum(b.batch.ids.numel() for b in batches)
     seq_len = max(b.batch.ids.shape[1] for b in batches)
-    flops = sum(3 * flops_per_token(model, b.batch.ids.shape[1]) * int(b.batch.attention_mask.sum()) for b in batches)
+    rows = 2 if masking == "complementary" else 1  # complementary masks: every sample computed twice
+    flops = rows * sum(3 * flops_per_token(model, b.batch.ids.shape[1]) * int(b.batch.attention_mask.sum())
+                       for b in batches)
     results = []
     for index, form in enumerate(forms):
         step_s = float(np.median([row[index] for row in times]))
@@ -150,7 +155,8 @@ def bench_train_side_by_side(preset: str = "small", batch_size: int = 16, steps:
                                         torch.get_num_threads(), batch_size, grad_accum, seq_len, tokens / padded,
                                         bf16, step_s, tokens / step_s, flops / step_s / 1e12, peak32 / 1e12,
                                         peak16 / 1e12, flops / step_s / (peak16 if bf16 else peak32), compile,
-                                        form.sparse, form.per_token, form.unpad and not compile))  # compiled: padded
+                                        form.sparse, form.per_token, form.unpad and not compile,  # compiled: padded
+                                        masking))
     return results
 
 
@@ -193,7 +199,7 @@ def _rows_by(form: str):
 def format_result(r: TrainBenchResult) -> str:
     return (f"preset={r.preset} ({r.params_m:.1f}M params) threads={r.threads} batch={r.batch_size} "
             f"in {r.grad_accum} micro-batch(es), longest {r.seq_len}, {r.real_token_fraction:.0%} real tokens, "
-            f"bf16={r.bf16} compiled={r.compiled} sparse={r.sparse} per_token={r.per_token} unpad={r.unpad}\n"
+            f"bf16={r.bf16} compiled={r.compiled} sparse={r.sparse} per_token={r.per_token} unpad={r.unpad} masking={r.masking}\n"
             f"  step {r.step_seconds:.3f} s | {r.tokens_per_s:,.0f} tokens/s | model "
             f"{r.model_tflops * 1000:.1f} GFLOP/s | peak fp32 {r.peak_fp32_tflops * 1000:.1f} / bf16 "
             f"{r.peak_bf16_tflops * 1000:.1f} GFLOP/s | MFU {r.mfu:.1%}")

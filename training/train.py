@@ -217,8 +217,9 @@ def step_loss(model, batch: ExampleBatch, schedule: MaskSchedule, generator: tor
     masked_on_device = type(masked)(*(x.to(device) for x in (masked.noisy_ids, masked.targets, masked.masked,
                                                                   masked.maskable, masked.t)))
     with torch.no_grad() if spec.critic_only else contextlib.nullcontext():  # critic only: the fills' forward
+        # with complementary masks the batch is two copies of the samples: their conditions are computed once
         out = model(masked_on_device.noisy_ids, masked_on_device.t, *inputs, logits=spec.vocab is None, critic=False,
-                    unpad=spec.unpad)
+                    unpad=spec.unpad, copies=rows if spec.unpad else 1)
         if spec.vocab is None:
             loss = masked_diffusion_loss(out.logits, masked_on_device, spec.weighting, spec.normalise)
             acc = masked_token_accuracy(out.logits, masked_on_device)
@@ -300,7 +301,7 @@ class CompiledForward(torch.nn.Module):
             torch._dynamo.config.suppress_errors = True
 
     def forward(self, ids, t, segment_ids, positions, is_target, attention_mask, logits=True, critic=True,
-                unpad=False):
+                unpad=False, copies=1):
         # A compiled forward runs padded: the real-token count changes every batch, and each new count would
         # cost a recompilation or a graph break (compilation is for GPUs, where padding slots are nearly free).
         return self._compiled(ids, t, segment_ids, positions, is_target, attention_mask, logits, critic)

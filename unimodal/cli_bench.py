@@ -30,7 +30,8 @@ def _cmd_bench_train(args) -> int:
     for bf16 in ([True, False] if args.compare_fp32 else [not args.no_bf16]):
         for compiled in ([False, True] if args.compile else [False]):
             timed = bench_train_side_by_side(args.preset, args.batch_size, args.steps, bf16=bf16,
-                                             grad_accum=args.grad_accum, compile=compiled, forms=forms)
+                                             grad_accum=args.grad_accum, compile=compiled, forms=forms,
+                                             masking=args.masking)
             for result in timed:
                 print(format_result(result), flush=True)
             for label, ratio in speedups(timed):
@@ -164,6 +165,9 @@ def add_bench_commands(sub) -> None:
     }
     for flag, text in comparisons.items():
         train.add_argument(flag, action="store_true", help=text)
+    train.add_argument("--masking", choices=("independent", "complementary"), default="independent",
+                       help="one mask per sample (default, as the figures in docs/results.md), or complementary: "
+                            "each sample twice a step, with a mask and its complement, as the trainer does")
     train.add_argument("--json", default=None)
     train.set_defaults(func=_cmd_bench_train)
     _add_bench_sample_command(bench)
