@@ -15,6 +15,11 @@ once (:meth:`DiT.encode_condition`) and reused at every sampling step (:meth:`Di
 
 Positions are ``(B, L, 2)``: the first half of each head is rotated by ``pos[..., 0]``, the second half by
 ``pos[..., 1]`` (2-D RoPE for images; plain 1-D RoPE for text/audio, whose positions are ``(i, i)``).
+
+The same two choices let a training step skip work (``forward(..., unpad=True, copies=k)``, :class:`Packing`):
+every layer but attention acts on each token alone, so it runs on the real tokens only (about half the slots
+of a mixed batch are padding), and the k copies of a sample that complementary masks train share their
+condition tokens, which are computed once.
 """
 
 from __future__ import annotations
