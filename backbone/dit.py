@@ -139,12 +139,14 @@ class Packing:
     its states are laid out in every copy for attention (its gradient sums over the copies, as it would in the
     padded forward).
 
-    ``index`` (N,): each computed token's place in the flattened (B * L) batch; ``source`` (B * L,): for each
-    slot, the computed token it shows (a padding slot: N, a zero row); ``rows`` (N,): each computed token's
-    adaLN row among the flattened (B * 2) modulation rows (``2 * sample + is_target``)."""
+    ``index`` (N,): each computed token's place in the flattened (B * L) batch; ``shared`` / ``shared_from``:
+    the slots of later copies' conditions and the first copy's slots they show (empty with one copy);
+    ``rows`` (N,): each computed token's adaLN row among the flattened (B * 2) modulation rows
+    (``2 * sample + is_target``)."""
 
     index: torch.Tensor
-    source: torch.Tensor
+    shared: torch.Tensor
+    shared_from: torch.Tensor
     rows: torch.Tensor
     batch: int
     length: int
@@ -157,13 +159,9 @@ class Packing:
         if copies > 1:
             computed[first:] &= is_target[first:]  # later copies: their targets alone
         index = computed.flatten().nonzero().squeeze(1)  # (N,)
-        source = torch.full((batch * length,), len(index), dtype=torch.long, device=index.device)
-        source[index] = torch.arange(len(index), device=index.device)
-        if copies > 1:  # a later copy's condition slot shows the first copy's token at the same place
-            shared = (attention_mask & ~computed).flatten().nonzero().squeeze(1)
-            source[shared] = source[shared % (first * length)]
+        shared = (attention_mask & ~computed).flatten().nonzero().squeeze(1)  # later copies' conditions
         rows = 2 * torch.div(index, length, rounding_mode="floor") + is_target.flatten()[index].long()
-        return cls(index, source, rows, batch, length)
+        return cls(index, shared, shared % (first * length), rows, batch, length)
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, ...) -> (N, ...): the computed tokens."""
@@ -171,8 +169,10 @@ class Packing:
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """(N, ...) -> (B, L, ...): every real slot's token (shared conditions in each copy), zeros at padding."""
-        with_zero = torch.cat([x, x.new_zeros(1, *x.shape[1:])])  # (N + 1, ...)
-        return with_zero.index_select(0, self.source).unflatten(0, (self.batch, self.length))
+        padded = x.new_zeros(self.batch * self.length, *x.shape[1:]).index_copy(0, self.index, x)
+        if len(self.shared):  # a shared condition's gradient sums over the copies that show it
+            padded = padded.index_copy(0, self.shared, padded.index_select(0, self.shared_from))
+        return padded.unflatten(0, (self.batch, self.length))
 
     def modulation(self, modulation: torch.Tensor) -> torch.Tensor:
         """(B, 2, M) rows [for t = 0, for the sample's t] -> (N, M): each computed token's row (what
@@ -474,13 +474,16 @@ class DiT(ModelMixin, ConfigMixin):
         padding; the real tokens' outputs are the same, the padding slots' are zeros (training steps use it).
         ``copies`` (with ``unpad``): the batch is that many stacked copies of the same sequences, their targets
         masked differently (complementary masks); their condition tokens are computed once (refused unless the
-        copies agree everywhere but at target ids and t)."""
+        copies agree everywhere but at target ids and t; computed in every copy by a causal model, whose
+        conditions may see targets, and under dropout, which draws anew for each copy)."""
         attention_mask = self._check_sequence(ids, segment_ids, positions, attention_mask)
         _check_bool("is_target", is_target, ids.shape)
         _check_t(t, ids.shape[0])
-        copies = self._check_copies(copies, ids, segment_ids, positions, is_target, attention_mask)
-        packing = Packing.of(attention_mask, is_target, copies) if unpad and (
-            copies > 1 or not bool(attention_mask.all())) else None
+        packing = None
+        if unpad:
+            copies = self._shared_copies(copies, ids, segment_ids, positions, is_target, attention_mask)
+            if copies > 1 or not bool(attention_mask.all()):
+                packing = Packing.of(attention_mask, is_target, copies)
         return self.forward_unchecked(ids, t, segment_ids, positions, is_target, attention_mask, logits, critic,
                                       packing)
 
@@ -590,13 +593,11 @@ class DiT(ModelMixin, ConfigMixin):
 
     # ---- input checks ----
 
-    @staticmethod
-    def _check_copies(copies, ids, segment_ids, positions, is_target, attention_mask) -> int:
-        if not isinstance(copies, int) or copies < 1 or ids.shape[0] % copies:
+    def _shared_copies(self, copies, ids, segment_ids, positions, is_target, attention_mask) -> int:
+        """How many copies share their conditions: ``copies`` checked; 1 where sharing would not be exact."""
+        if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1 or ids.shape[0] % copies:
             raise InputError(f"copies must be a whole number >= 1 that divides the batch of {ids.shape[0]}, "
                              f"got {copies!r}")
-        if copies == 1:
-            return 1
         conditions = attention_mask & ~is_target
         for name, x in (("segment_ids", segment_ids), ("positions", positions), ("is_target", is_target),
                         ("attention_mask", attention_mask), ("condition ids", ids.masked_fill(~conditions, 0))):
@@ -604,6 +605,8 @@ class DiT(ModelMixin, ConfigMixin):
             if not all(torch.equal(chunks[0], c) for c in chunks[1:]):
                 raise InputError(f"copies={copies}: the {copies} stacked copies differ in {name}; copies may "
                                  f"differ only in their target ids and t")
+        if self.config.causal or (self.training and self.config.dropout > 0):
+            return 1  # a causal condition may see targets; dropout draws anew in each copy
         return copies
 
     def _check_sequence(self, ids, segment_ids, positions, attention_mask) -> torch.Tensor:

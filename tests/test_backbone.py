@@ -161,6 +161,20 @@ def test_copies_share_their_conditions_and_give_the_padded_forwards_values():
         model(**bad, attention_mask=mask, unpad=True, copies=2)
     with pytest.raises(InputError, match="copies"):
         model(**twice, attention_mask=mask, unpad=True, copies=4)
+    # sharing would not be exact for a causal model (a condition may see targets) or under dropout (each copy
+    # draws anew): those compute every copy, and still give the padded forward's values
+    built = []
+    real_of = Packing.of.__func__
+    for causal, dropout in ((True, 0.0), (False, 0.3)):
+        other = randomized(DiT.from_preset("tiny", vocab_size=VOCAB, causal=causal, dropout=dropout)).train()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Packing, "of", classmethod(lambda cls, *a: built.append(a[2]) or real_of(cls, *a)))
+            other(**twice, attention_mask=mask, unpad=True, copies=2)
+        if causal:
+            other.eval()
+            torch.testing.assert_close(other(**twice, attention_mask=mask, unpad=True, copies=2).logits[mask],
+                                       other(**twice, attention_mask=mask).logits[mask], atol=1e-5, rtol=0)
+    assert built == [1, 1]
 
 
 def test_unpad_leaves_a_batch_without_padding_on_the_padded_path(model, monkeypatch):

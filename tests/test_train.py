@@ -277,5 +277,5 @@ def test_bench_train_times_both_forms_of_the_adaln_rows_side_by_side(capsys):
                  "--compare-where"]) == 0
     out = capsys.readouterr().out
     assert "per_token=where" in out and "per_token=product" in out
-    assert "adaLN rows by product instead of torch.where (bf16=False, compiled=False, sparse=True, unpad=True):" in out
+    assert "adaLN rows by product instead of torch.where (bf16=False, compiled=False, sparse=True, unpad=False):" in out
     assert dit.per_token is chosen  # the benchmark puts the model's own form back

@@ -23,9 +23,13 @@ def _cmd_bench_train(args) -> int:
     if args.compare_first:
         forms = (FIRST_RECIPE, StepForm())
     else:
+        # the adaLN row choice exists only in the padded form (unpadded, each token's row is gathered), so
+        # --compare-where times padded steps
+        unpad = (False, True) if args.compare_unpad else (False,) if args.compare_where else (True,)
         axes = ((False, True) if args.compare_dense else (True,), ("where", "product") if args.compare_where
-                else ("product",), (False, True) if args.compare_unpad else (True,))
-        forms = tuple(StepForm(*choice) for choice in itertools.product(*axes))
+                else ("product",), unpad)
+        forms = tuple(StepForm(*choice) for choice in itertools.product(*axes)
+                      if not (choice[1] == "where" and choice[2]))
     results = []
     for bf16 in ([True, False] if args.compare_fp32 else [not args.no_bf16]):
         for compiled in ([False, True] if args.compile else [False]):
