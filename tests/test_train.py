@@ -240,6 +240,18 @@ def test_bench_train_times_the_first_recipes_step_and_the_unpadded_one_side_by_s
     assert "this step over the first recipe's (dense logits, torch.where rows, padded; bf16=False, compiled=False):" in out
 
 
+def test_bench_train_times_a_real_batch_drawn_as_the_trainer_draws_one(tiny_codec_dir, tiny_scenes, capsys):
+    from unimodal.cli import main
+    from unimodal.training.bench import data_examples
+
+    layout, examples = data_examples(str(tiny_scenes), 6, tiny_codec_dir)
+    again = data_examples(str(tiny_scenes), 6, tiny_codec_dir)[1]
+    assert len(examples) == 6 and [e.packed.ids.tolist() for e in examples] == [e.packed.ids.tolist() for e in again]
+    assert main(["bench", "train", "--preset", "tiny", "--batch-size", "6", "--steps", "1", "--no-bf16",
+                 "--data", str(tiny_scenes), "--codecs", str(tiny_codec_dir)]) == 0
+    assert f"batch=6 of {tiny_scenes} in 1 micro-batch(es)" in capsys.readouterr().out
+
+
 def test_resume_keeps_the_runs_config_unless_steps_or_snapshots_are_given(tmp_path):
     from unimodal.training.checkpoint import cli_config, resumed_config, save_atomic
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ class TrainBenchResult:
     per_token: str = "product"  # how each token gets its adaLN row (unimodal.backbone.dit.PER_TOKEN)
     unpad: bool = True  # per-token layers on the real tokens alone (unimodal.backbone.dit.Packing)
     masking: str = "independent"  # one mask per sample, or complementary (every sample twice)
+    data: str = "synthetic"  # the batch timed: synthetic, or the training sets it was drawn from
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,32 @@ def synthetic_examples(batch_size: int, seed: int = 0):
     return layout, examples
 
 
+def data_examples(data: str, batch_size: int, codec_dir=None, step: int = 0):
+    """A global batch of real training examples, drawn as the trainer draws step ``step``'s (default task
+    mixture, seed 0): the layout and the examples. ``data``: data sets (``scenes,digits``, folders) encoded with
+    ``codec_dir`` (default: the shipped codecs; the token cache makes a second call quick), or one pack file."""
+    from unimodal.core.paths import default_codecs_dir
+    from unimodal.training.data.sources import resolve_data
+    from unimodal.training.pack import is_pack, load_pack
+    from unimodal.training.tokens import CodecStack, tokenized_split
+    from unimodal.training.train import TaskMixture, TrainConfig, global_batch_indices, make_examples
+
+    if is_pack(data):
+        pack = load_pack(data)
+        layout, tokens = pack.layout, pack.splits["train"]
+    else:
+        codec_dir = Path(codec_dir or default_codecs_dir())
+        stack = CodecStack.load(codec_dir)
+        layout = stack.layout
+        tokens = [t for source in resolve_data([d for d in data.split(",") if d])
+                  for t in tokenized_split(stack, codec_dir, source, "train", progress=False)]
+    cfg = TrainConfig(batch_size=batch_size)
+    rng = np.random.default_rng([cfg.seed, step, 0])
+    rng.integers(2**62)  # the trainer draws the step's generator seed first
+    indices = global_batch_indices(len(tokens), cfg, step)
+    return layout, make_examples(layout, tokens, TaskMixture(cfg.task_weights, cfg.cond_drop), indices, rng)
+
+
 def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf16: bool = True,
                 grad_accum: int = 1, compile: bool = False, sparse: bool = True) -> TrainBenchResult:
     """One optimizer step = ``grad_accum`` length-grouped micro-batches of the ``batch_size`` examples, as the
@@ -110,12 +138,14 @@ def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf1
 def bench_train_side_by_side(preset: str = "small", batch_size: int = 16, steps: int = 5, bf16: bool = True,
                              grad_accum: int = 1, compile: bool = False,
                              forms: tuple[StepForm, ...] = (StepForm(sparse=False), StepForm()),
-                             masking: str = "independent") -> list[TrainBenchResult]:
+                             masking: str = "independent", data: str | None = None, codec_dir=None
+                             ) -> list[TrainBenchResult]:
     """:func:`bench_train` for several forms of the step (:class:`StepForm`) on the same model and batches,
     their timed steps interleaved (first form, second form, first, ...) so that a machine whose load changes
     during the run slows each alike. ``masking``: ``complementary`` trains each sample twice a step, as the
-    trainer does by default (and the unpadded form computes their conditions once)."""
-    layout, examples = synthetic_examples(batch_size)
+    trainer does by default (and the unpadded form computes their conditions once). ``data``: time a real batch
+    of those data sets (:func:`data_examples`) instead of the synthetic one."""
+    layout, examples = synthetic_examples(batch_size) if data is None else data_examples(data, batch_size, codec_dir)
     batches = [collate_examples(chunk) for chunk in length_grouped(examples, grad_accum)]
     torch.manual_seed(0)
     model = DiT.from_preset(preset, layout.vocab_size).train()
@@ -158,7 +188,7 @@ def bench_train_side_by_side(preset: str = "small", batch_size: int = 16, steps:
                                         bf16, step_s, tokens / step_s, flops / step_s / 1e12, peak32 / 1e12,
                                         peak16 / 1e12, flops / step_s / (peak16 if bf16 else peak32), compile,
                                         form.sparse, form.per_token, form.unpad and not compile,  # compiled: padded
-                                        masking))
+                                        masking, data or "synthetic"))
     return results
 
 
@@ -199,7 +229,7 @@ def _rows_by(form: str):
 
 
 def format_result(r: TrainBenchResult) -> str:
-    return (f"preset={r.preset} ({r.params_m:.1f}M params) threads={r.threads} batch={r.batch_size} "
+    return (f"preset={r.preset} ({r.params_m:.1f}M params) threads={r.threads} batch={r.batch_size} of {r.data} "
             f"in {r.grad_accum} micro-batch(es), longest {r.seq_len}, {r.real_token_fraction:.0%} real tokens, "
             f"bf16={r.bf16} compiled={r.compiled} sparse={r.sparse} per_token={r.per_token} unpad={r.unpad} masking={r.masking}\n"
             f"  step {r.step_seconds:.3f} s | {r.tokens_per_s:,.0f} tokens/s | model "

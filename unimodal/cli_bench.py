@@ -35,7 +35,7 @@ def _cmd_bench_train(args) -> int:
         for compiled in ([False, True] if args.compile else [False]):
             timed = bench_train_side_by_side(args.preset, args.batch_size, args.steps, bf16=bf16,
                                              grad_accum=args.grad_accum, compile=compiled, forms=forms,
-                                             masking=args.masking)
+                                             masking=args.masking, data=args.data, codec_dir=args.codecs)
             for result in timed:
                 print(format_result(result), flush=True)
             for label, ratio in speedups(timed):
@@ -169,6 +169,11 @@ def add_bench_commands(sub) -> None:
     }
     for flag, text in comparisons.items():
         train.add_argument(flag, action="store_true", help=text)
+    train.add_argument("--data", default=None,
+                       help="time a batch of these training sets (scenes,digits, folders or one pack), drawn as the "
+                            "trainer draws one, instead of the synthetic batch (default)")
+    train.add_argument("--codecs", default=None, help="with --data: the codecs that encode it (default: the shipped "
+                                                      "ones)")
     train.add_argument("--masking", choices=("independent", "complementary"), default="independent",
                        help="one mask per sample (default, as the figures in docs/results.md), or complementary: "
                             "each sample twice a step, with a mask and its complement, as the trainer does")
