@@ -235,6 +235,15 @@ def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):
                            "real": {"overrides": {"loss_norm": "real"}, "seconds": 30, "judged": better}}}
     table = format_report(report)
     assert "+0.500" in table and "+0.000" in table  # paired differences from the first variant
+    from unimodal.recipe import trained_directions
+
+    # a variant that trains drawing alone is judged on drawing alone (the model refuses to read pictures)
+    assert trained_directions(RecipeBudget(), {}) == ["text->image", "image->text"]
+    assert trained_directions(RecipeBudget(), {"task_weights": {"text->image": 1.0}}) == ["text->image"]
+    report["variants"]["draw"] = {"overrides": {"task_weights": {"text->image": 1.0}}, "seconds": 30, "probe": {},
+                                  "judged": {"text->image": better["text->image"]}}
+    row = next(line for line in format_report(report).splitlines() if line.startswith("draw"))
+    assert "0.750" in row and "nan" in row and "+0.500" in row
     (tmp_path / "recipe.json").write_text(json.dumps({"budget": {"steps": 1}, "variants": {}}))
     with pytest.raises(InputError, match="another budget"):
         run_recipe(RecipeBudget(), [("first", {})], None, tmp_path)

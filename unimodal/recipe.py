@@ -103,14 +103,22 @@ def _median(values: list[float]) -> float | None:
     return values[len(values) // 2] if values else None
 
 
-def judge_variant(budget: RecipeBudget, run: Path, progress: bool) -> dict:
+def trained_directions(budget: RecipeBudget, overrides: dict) -> list[str]:
+    """The judged directions a variant trained (``task_weights={"text->image": 1}`` trains, and is judged on,
+    drawing alone: a model refuses a direction it was never trained on)."""
+    weights = overrides.get("task_weights", budget.tasks)
+    return [d for d in DIRECTIONS if weights.get(d, 0) > 0]
+
+
+def judge_variant(budget: RecipeBudget, run: Path, progress: bool, directions: list[str] | None = None) -> dict:
     from unimodal.inference.evaluate import Judges, evaluate, verdicts_of
     from unimodal.eval_cases import load_cases
     from unimodal.pipeline import UniModal
 
     cases, _ = load_cases(budget.data, "test", budget.eval_n, speech=False)
     pipe = UniModal.from_pretrained(run / "model")
-    report = evaluate(pipe, cases, list(DIRECTIONS), {}, seed=budget.seed, judges=Judges(), progress=progress)
+    report = evaluate(pipe, cases, list(directions or DIRECTIONS), {}, seed=budget.seed, judges=Judges(),
+                      progress=progress)
     return {d: {"accuracy": f.get("accuracy"), "sampler": f.get("sampler"),
                 "verdicts": verdicts_of([s.get("correct") for s in report["_samples"][d][2]])}
             for d, f in report["figures"].items()}
@@ -151,8 +159,10 @@ def run_recipe(budget: RecipeBudget, variants: list[tuple[str, dict]], codec_dir
             done["probe"] = probe_variant(budget, Path(done["run"]))
         else:
             facts = train_variant(budget, name, overrides, codec_dir, out, progress)
-            facts["judged"] = judge_variant(budget, Path(facts["run"]), progress)
-            facts["probe"] = probe_variant(budget, Path(facts["run"]))
+            directions = trained_directions(budget, overrides)
+            facts["judged"] = judge_variant(budget, Path(facts["run"]), progress, directions)
+            # the probe reads captions: a variant that never learned to read pictures has none (an empty probe)
+            facts["probe"] = probe_variant(budget, Path(facts["run"])) if "image->text" in directions else {}
             report["variants"][name] = {"overrides": overrides, **facts}
         _save(report, cache)
     return report
