@@ -598,6 +598,8 @@ class DiT(ModelMixin, ConfigMixin):
         if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1 or ids.shape[0] % copies:
             raise InputError(f"copies must be a whole number >= 1 that divides the batch of {ids.shape[0]}, "
                              f"got {copies!r}")
+        if copies == 1:
+            return 1
         conditions = attention_mask & ~is_target
         for name, x in (("segment_ids", segment_ids), ("positions", positions), ("is_target", is_target),
                         ("attention_mask", attention_mask), ("condition ids", ids.masked_fill(~conditions, 0))):

@@ -242,11 +242,12 @@ def test_bench_train_times_the_first_recipes_step_and_the_unpadded_one_side_by_s
 
 def test_bench_train_times_a_real_batch_drawn_as_the_trainer_draws_one(tiny_codec_dir, tiny_scenes, capsys):
     from unimodal.cli import main
-    from unimodal.training.bench import data_examples
+    from unimodal.training.bench import data_batches
 
-    layout, examples = data_examples(str(tiny_scenes), 6, tiny_codec_dir)
-    again = data_examples(str(tiny_scenes), 6, tiny_codec_dir)[1]
-    assert len(examples) == 6 and [e.packed.ids.tolist() for e in examples] == [e.packed.ids.tolist() for e in again]
+    layout, batches = data_batches(str(tiny_scenes), 6, 1, tiny_codec_dir)
+    again = data_batches(str(tiny_scenes), 6, 1, tiny_codec_dir)[1]
+    assert len(batches) == 1 and batches[0].batch.ids.shape[0] == 6
+    assert torch.equal(batches[0].batch.ids, again[0].batch.ids)  # drawn as the trainer draws step 0, every time
     assert main(["bench", "train", "--preset", "tiny", "--batch-size", "6", "--steps", "1", "--no-bf16",
                  "--data", str(tiny_scenes), "--codecs", str(tiny_codec_dir)]) == 0
     assert f"batch=6 of {tiny_scenes} in 1 micro-batch(es)" in capsys.readouterr().out

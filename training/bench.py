@@ -101,15 +101,15 @@ def synthetic_examples(batch_size: int, seed: int = 0):
     return layout, examples
 
 
-def data_examples(data: str, batch_size: int, codec_dir=None, step: int = 0):
-    """A global batch of real training examples, drawn as the trainer draws step ``step``'s (default task
-    mixture, seed 0): the layout and the examples. ``data``: data sets (``scenes,digits``, folders) encoded with
-    ``codec_dir`` (default: the shipped codecs; the token cache makes a second call quick), or one pack file."""
+def data_batches(data: str, batch_size: int, grad_accum: int = 1, codec_dir=None, step: int = 0):
+    """The micro-batches of a real training step: the layout and what the trainer's :class:`StepBatches` builds
+    for step ``step`` (default task mixture, seed 0). ``data``: data sets (``scenes,digits``, folders) encoded
+    with ``codec_dir`` (default: the shipped codecs; the token cache makes a second call quick), or one pack."""
     from unimodal.core.paths import default_codecs_dir
     from unimodal.training.data.sources import resolve_data
     from unimodal.training.pack import is_pack, load_pack
-    from unimodal.training.tokens import CodecStack, tokenized_split
-    from unimodal.training.train import TaskMixture, TrainConfig, global_batch_indices, make_examples
+    from unimodal.training.tokens import CodecStack
+    from unimodal.training.train import StepBatches, TrainConfig, _load_tokens
 
     if is_pack(data):
         pack = load_pack(data)
@@ -118,13 +118,10 @@ def data_examples(data: str, batch_size: int, codec_dir=None, step: int = 0):
         codec_dir = Path(codec_dir or default_codecs_dir())
         stack = CodecStack.load(codec_dir)
         layout = stack.layout
-        tokens = [t for source in resolve_data([d for d in data.split(",") if d])
-                  for t in tokenized_split(stack, codec_dir, source, "train", progress=False)]
-    cfg = TrainConfig(batch_size=batch_size)
-    rng = np.random.default_rng([cfg.seed, step, 0])
-    rng.integers(2**62)  # the trainer draws the step's generator seed first
-    indices = global_batch_indices(len(tokens), cfg, step)
-    return layout, make_examples(layout, tokens, TaskMixture(cfg.task_weights, cfg.cond_drop), indices, rng)
+        tokens = _load_tokens(stack, codec_dir, resolve_data([d for d in data.split(",") if d]), "train", False)
+    cfg = TrainConfig(batch_size=batch_size, grad_accum=grad_accum)
+    _, _, batches = StepBatches(layout, tokens, cfg, step, step + 1, rank=0, world=1).batches(step)
+    return layout, batches
 
 
 def bench_train(preset: str = "small", batch_size: int = 16, steps: int = 5, bf16: bool = True,
@@ -144,9 +141,12 @@ def bench_train_side_by_side(preset: str = "small", batch_size: int = 16, steps:
     their timed steps interleaved (first form, second form, first, ...) so that a machine whose load changes
     during the run slows each alike. ``masking``: ``complementary`` trains each sample twice a step, as the
     trainer does by default (and the unpadded form computes their conditions once). ``data``: time a real batch
-    of those data sets (:func:`data_examples`) instead of the synthetic one."""
-    layout, examples = synthetic_examples(batch_size) if data is None else data_examples(data, batch_size, codec_dir)
-    batches = [collate_examples(chunk) for chunk in length_grouped(examples, grad_accum)]
+    of those data sets (:func:`data_batches`) instead of the synthetic one."""
+    if data is None:
+        layout, examples = synthetic_examples(batch_size)
+        batches = [collate_examples(chunk) for chunk in length_grouped(examples, grad_accum)]
+    else:
+        layout, batches = data_batches(data, batch_size, grad_accum, codec_dir)
     torch.manual_seed(0)
     model = DiT.from_preset(preset, layout.vocab_size).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -77,4 +77,3 @@ def cpu_autocast_bf16(requested: bool | None, what: str, progress: bool = True) 
     if progress:
         print(f"{what}: {'bf16 autocast' if bf16 else 'float32'} ({why})", flush=True)
     return bf16
-

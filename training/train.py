@@ -219,7 +219,7 @@ def step_loss(model, batch: ExampleBatch, schedule: MaskSchedule, generator: tor
     with torch.no_grad() if spec.critic_only else contextlib.nullcontext():  # critic only: the fills' forward
         # with complementary masks the batch is two copies of the samples: their conditions are computed once
         out = model(masked_on_device.noisy_ids, masked_on_device.t, *inputs, logits=spec.vocab is None, critic=False,
-                    unpad=spec.unpad, copies=rows if spec.unpad else 1)
+                    unpad=spec.unpad, copies=rows)
         if spec.vocab is None:
             loss = masked_diffusion_loss(out.logits, masked_on_device, spec.weighting, spec.normalise)
             acc = masked_token_accuracy(out.logits, masked_on_device)
