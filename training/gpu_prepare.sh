@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Prepare everything a GPU machine needs to train the model, in one ignored folder of the repository (.gpu/):
 #   .gpu/train.pack.safetensors   every split of scenes (--scenes N) and digits, tokenised with the shipped codecs
+#                                 (or the codec set --codecs names: a recipe experiment's codec)
 #   .gpu/wheels/                  diffusers (the version installed here) and what it needs that the machine lacks
 # then print the command that runs training/gpu_train.sh there. Run it from the repository root, on a machine
 # where `pip install -e .` has been done; the data build takes ~15 min for 40,000 scenes on two idle cores and
 # is cached under ~/.cache/unimodal.
 #
-#   training/gpu_prepare.sh [--scenes 40000] [--out .gpu]
+#   training/gpu_prepare.sh [--scenes 40000] [--codecs FOLDER] [--out .gpu]
 set -euo pipefail
-scenes=40000 out=.gpu
+scenes=40000 out=.gpu codecs=
 while [ $# -gt 0 ]; do
   case "$1" in
     --scenes) scenes="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
+    --codecs) codecs="$2"; shift 2 ;;
     *) echo "gpu_prepare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -22,7 +24,7 @@ mkdir -p "$out/wheels"
 
 scenes_dir=$(unimodal data build scenes --n "$scenes" | tail -n 1)
 digits_dir=$(unimodal data build digits | tail -n 1)
-unimodal data pack --data "$scenes_dir,$digits_dir" --out "$out/train.pack.safetensors"
+unimodal data pack --data "$scenes_dir,$digits_dir" ${codecs:+--codecs "$codecs"} --out "$out/train.pack.safetensors"
 
 # The GPU machine runs Python 3.12 with PyTorch, accelerate, transformers, safetensors and huggingface_hub;
 # diffusers and importlib_metadata come as wheels (pure Python: one file serves any platform).
@@ -37,5 +39,6 @@ Ready. On a lent GPU (device tool), with the shipped weights moved out of the tr
   run: bash training/gpu_train.sh --pack $out/train.pack.safetensors --wheels $out/wheels --out \$OUT --minutes 8 -- --preset small --batch-size 512 --steps 20000 --lr 1.5e-3 --warmup 300
        carry: ["$out"], timeout_s: 600
   git checkout unimodal/default_model unimodal/default_codecs
-Then docs/gpu.md: restore the model from the returned files and export it with the codecs.
+Then docs/gpu.md: restore the model from the returned files and export it with the codecs it was packed with
+(unimodal export-model ... --codecs ${codecs:-unimodal/default_codecs}).
 EOF
