@@ -38,9 +38,9 @@ def test_sparse_loss_equals_the_dense_loss_over_each_slots_allowed_ids():
             allowed[row, span.start:span.end] = layout.allowed_ids(span.modality)
     restricted = out.logits.masked_fill(~allowed, -1e9)
     vocab = TargetVocab.of(layout)
-    for weighting in ("elbo", "clipped", "flat"):
+    for weighting in ("elbo", "clipped", "flat", "text-flat"):
         for normalise in ("real", "maskable"):
-            dense = masked_diffusion_loss(restricted, masked, weighting, normalise)
+            dense = masked_diffusion_loss(restricted, masked, weighting, normalise, b.segment_ids)
             sparse, acc = sparse_diffusion_loss(model.output_logits, out.hidden, b.segment_ids, masked, vocab,
                                                 weighting, normalise)
             assert sparse.item() == pytest.approx(dense.item(), rel=1e-5), (weighting, normalise)
@@ -48,6 +48,22 @@ def test_sparse_loss_equals_the_dense_loss_over_each_slots_allowed_ids():
     assert acc.item() == pytest.approx(right.sum().item() / masked.masked.sum().item())
     # The unrestricted loss is larger: mass on other modalities' ids is what the sparse head never computes.
     assert masked_diffusion_loss(out.logits, masked, "elbo", "real") > sparse
+
+
+def test_text_flat_weighs_text_targets_flat_and_codes_by_one_over_t():
+    layout = toy_layout()
+    t = torch.tensor([0.25])
+    for task, expected in (("image->text", 1.0), ("text->image", 4.0)):
+        tokens = {"text": torch.tensor([5, 6]), "image": torch.zeros(64, dtype=torch.long)}
+        batch = collate_examples([build_example(layout, tokens, Task.parse(task))])
+        masked = mask_targets(batch.batch.ids, batch.maskable, torch.tensor([1.0]))
+        masked.t = t
+        logits = torch.randn(1, batch.batch.ids.shape[1], layout.vocab_size, generator=torch.Generator().manual_seed(0))
+        flat = masked_diffusion_loss(logits, masked, "flat", "real")
+        mixed = masked_diffusion_loss(logits, masked, "text-flat", "real", batch.batch.segment_ids)
+        assert mixed.item() == pytest.approx(expected * flat.item(), rel=1e-6), task
+    with pytest.raises(ValueError, match="segment"):
+        token_weight(t, "text-flat")
 
 
 def test_real_normalisation_counts_content_and_end_not_filler():

@@ -23,7 +23,9 @@ from unimodal.tokenizers_mm.layout import MASK, MODALITIES, PAD, SEGMENT_IDS, La
 from unimodal.training.schedule import MaskSchedule
 
 # Per-token weight of a masked token's cross-entropy at mask ratio t.
-WEIGHTINGS = ("elbo", "clipped", "flat")  # 1/t; 1/max(t, CLIP_RATIO) (bounded variance); 1
+# "text-flat": 1 for text targets, 1/t for image and audio codes (reading alone read 2.5x as many captions
+# flat as under 1/t, docs/results.md "Reading alone"; a caption's few content words make 1/t's variance worst)
+WEIGHTINGS = ("elbo", "clipped", "flat", "text-flat")  # 1/t; 1/max(t, CLIP_RATIO) (bounded variance); 1
 CLIP_RATIO = 0.1
 # What each sample's weighted sum is divided by: its real target tokens (content and END: a caption of 6 words
 # counts 7, not its 33 slots, so short targets get as much gradient per token as in the AR twin), or every
@@ -31,8 +33,13 @@ CLIP_RATIO = 0.1
 NORMALISERS = ("real", "maskable")
 
 
-def token_weight(t: torch.Tensor, weighting: str) -> torch.Tensor:
-    """(B,) weight of each sample's masked-token cross-entropy."""
+def token_weight(t: torch.Tensor, weighting: str, segment: int | None = None) -> torch.Tensor:
+    """(B,) weight of each sample's masked-token cross-entropy, for tokens of segment id ``segment``
+    (``SEGMENT_IDS``; only "text-flat" depends on it, and needs it)."""
+    if weighting == "text-flat":
+        if segment is None:
+            raise ValueError("the text-flat weighting depends on the target's modality: give its segment id")
+        return token_weight(t, "flat" if segment == SEGMENT_IDS["text"] else "elbo")
     if weighting == "elbo":
         return MaskSchedule.weight(t)
     if weighting == "clipped":
@@ -91,11 +98,18 @@ def normaliser(batch: MaskedBatch, normalise: str) -> torch.Tensor:
 
 
 def masked_diffusion_loss(logits: torch.Tensor, batch: MaskedBatch, weighting: str = "elbo",
-                          normalise: str = "maskable") -> torch.Tensor:
+                          normalise: str = "maskable", segment_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Per-sample sum over masked positions of CE x weight(t), divided by the sample's normaliser; mean over
-    the batch. ``logits`` (B, L, V) over the whole vocabulary (the reference form of the sparse loss)."""
+    the batch. ``logits`` (B, L, V) over the whole vocabulary (the reference form of the sparse loss);
+    ``segment_ids`` (B, L): each slot's modality, needed by a weighting that depends on it ("text-flat")."""
     ce = F.cross_entropy(logits.float().transpose(1, 2), batch.targets, reduction="none")  # (B, L)
-    per_sample = (ce * batch.masked).sum(dim=1) * token_weight(batch.t, weighting)  # (B,)
+    if segment_ids is None:
+        weights = token_weight(batch.t, weighting)[:, None]  # (B, 1)
+    else:
+        weights = torch.zeros_like(ce)
+        for segment in SEGMENT_IDS.values():
+            weights = torch.where(segment_ids == segment, token_weight(batch.t, weighting, segment)[:, None], weights)
+    per_sample = (ce * batch.masked * weights).sum(dim=1)  # (B,)
     return (per_sample / normaliser(batch, normalise)).mean()
 
 
@@ -175,10 +189,9 @@ def sparse_diffusion_loss(head, hidden: torch.Tensor, segment_ids: torch.Tensor,
         logits = head(hidden[rows, cols], vocab_ids)  # (N, V_m)
         local = vocab.index[segment][batch.targets[rows, cols]]  # (N,)
         ce = F.cross_entropy(logits, local, reduction="none")  # (N,) float32
-        per_sample = per_sample.index_add(0, rows, ce)
+        per_sample = per_sample.index_add(0, rows, ce * token_weight(batch.t, weighting, segment)[rows])
         right = right + (logits.argmax(dim=-1) == local).sum()
         count += rows.numel()
-    per_sample = per_sample * token_weight(batch.t, weighting)
     return (per_sample / normaliser(batch, normalise)).mean(), right / max(count, 1)
 
 

@@ -221,7 +221,7 @@ def step_loss(model, batch: ExampleBatch, schedule: MaskSchedule, generator: tor
         out = model(masked_on_device.noisy_ids, masked_on_device.t, *inputs, logits=spec.vocab is None, critic=False,
                     unpad=spec.unpad, copies=rows)
         if spec.vocab is None:
-            loss = masked_diffusion_loss(out.logits, masked_on_device, spec.weighting, spec.normalise)
+            loss = masked_diffusion_loss(out.logits, masked_on_device, spec.weighting, spec.normalise, segment_ids)
             acc = masked_token_accuracy(out.logits, masked_on_device)
         else:
             loss, acc = sparse_diffusion_loss(unwrapped(model).output_logits, out.hidden, segment_ids,
@@ -821,7 +821,7 @@ def add_arguments(parser) -> None:
     precision.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in float32")
     parser.add_argument("--loss-weighting", choices=WEIGHTINGS, default=TrainConfig.loss_weighting,
                         help="weight of a masked token's cross-entropy at mask ratio t: elbo 1/t, clipped "
-                             "1/max(t, 0.1), flat 1")
+                             "1/max(t, 0.1), flat 1, text-flat 1 for text targets and 1/t for image and audio codes")
     parser.add_argument("--loss-norm", choices=NORMALISERS, default=TrainConfig.loss_norm,
                         help="divide each sample's loss by its real target tokens or by all its maskable slots")
     parser.add_argument("--masking", choices=MASKINGS, default=TrainConfig.masking,
