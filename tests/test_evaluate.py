@@ -141,6 +141,26 @@ def test_compare_refuses_reports_of_different_cases(tmp_path, capsys):
     assert "not an eval.json" in capsys.readouterr().err
 
 
+def test_compare_pairs_variants_of_two_recipe_reports(tmp_path, capsys):
+    def recipe(lr, variants):
+        budget = {"data": "scenes", "preset": "mini", "steps": 8, "batch_size": 4, "lr": lr, "tasks": {},
+                  "eval_n": 4, "seed": 0}
+        return {"budget": budget, "variants": {name: {"overrides": {}, "judged": {"image->text": {
+            "accuracy": sum(v) / 4, "verdicts": v}}} for name, v in variants.items()}}
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "recipe.json").write_text(json.dumps(recipe(1e-3, {"base": [0, 1, 0, 0]})))
+    (tmp_path / "b.json").write_text(json.dumps(recipe(2e-3, {"fast": [1, 1, 1, 0], "slow": [0, 0, 0, 0]})))
+    assert main(["bench", "compare", f"{tmp_path / 'a'}:base", f"{tmp_path / 'b.json'}:fast",
+                 "--out", str(tmp_path / "cmp.json")]) == 0
+    row = json.loads((tmp_path / "cmp.json").read_text())["directions"]["image->text"]
+    assert (row["reference"], row["candidate"], row["difference"]["mean"]) == (0.25, 0.75, 0.5)
+    assert "fast (" in capsys.readouterr().out
+    assert main(["bench", "compare", f"{tmp_path / 'a'}:base", f"{tmp_path / 'b.json'}:other"]) == 2
+    err = capsys.readouterr().err
+    assert "no variant 'other'" in err and "['fast', 'slow']" in err
+
+
 def test_eval_semi_ar_flags_reach_the_sampler(caption_model, tmp_path, capsys):
     args = ["eval", "--model", str(caption_model), "--data", "scenes", "--n", "2", "--directions", "image->text",
             "--mode", "semi_ar", "--block-length", "4", "--steps", "2", "--out", str(tmp_path / "e")]

@@ -174,12 +174,10 @@ def add_data_efficiency_command(bench) -> None:
 
 def _cmd_compare(args) -> int:
     """Two eval reports of the same cases, direction by direction, paired."""
-    from unimodal.cli_common import read_report
     from unimodal.core.paths import atomic_write
     from unimodal.inference.evaluate import compare_reports, format_comparison
 
-    reports = [read_report(name, "an eval.json of unimodal eval (or a folder holding one)", ("figures",), "eval.json")
-               for name in (args.reference, args.candidate)]
+    reports = [_compared_report(name) for name in (args.reference, args.candidate)]
     comparison = compare_reports(*reports)
     print(format_comparison(comparison))
     if args.out:
@@ -190,11 +188,26 @@ def _cmd_compare(args) -> int:
     return 0
 
 
+def _compared_report(name: str) -> dict:
+    """An eval.json (or its folder), or ``RECIPE:VARIANT``: one variant of a ``bench recipe`` report."""
+    from unimodal.cli_common import read_report
+    from unimodal.recipe import variant_report
+
+    path, _, variant = name.rpartition(":")
+    if path and not Path(name).expanduser().exists() and Path(path).expanduser().exists():
+        recipe = read_report(path, "a recipe.json of unimodal bench recipe (or a folder holding one)", ("variants",),
+                             "recipe.json")
+        return variant_report(recipe, variant, path)
+    return read_report(name, "an eval.json of unimodal eval (or a folder holding one), or RECIPE:VARIANT",
+                       ("figures",), "eval.json")
+
+
 def add_compare_command(bench) -> None:
     sub = bench.add_parser("compare", help="two unimodal eval reports of the same cases (e.g. the shipped model and "
                                            "a candidate), direction by direction: paired difference, 95% interval")
-    sub.add_argument("reference", help="eval.json (or its folder) of the reference, e.g. the shipped model")
-    sub.add_argument("candidate", help="eval.json (or its folder) of the model to compare with it")
+    sub.add_argument("reference", help="eval.json (or its folder) of the reference, e.g. the shipped model; or "
+                                       "RECIPE:VARIANT, a variant of a bench recipe report (recipe.json or its folder)")
+    sub.add_argument("candidate", help="eval.json (or its folder) of the model to compare with it, or RECIPE:VARIANT")
     sub.add_argument("--out", default=None, help="also write the comparison here (.json)")
     sub.set_defaults(func=_cmd_compare)
 

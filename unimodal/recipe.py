@@ -204,6 +204,18 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def variant_report(report: dict, name: str, where: str) -> dict:
+    """One variant of a ``recipe.json`` in the shape of an ``eval.json`` (its judged directions as figures, the
+    budget's test cases), so ``unimodal bench compare`` pairs it with a variant of another experiment (another
+    budget: another learning rate, say) or with an eval of the same cases."""
+    variants = report.get("variants", {})
+    if name not in variants:
+        raise InputError(f"{where} has no variant {name!r}; it holds {sorted(variants) or 'none'}")
+    budget = report["budget"]
+    return {"figures": variants[name].get("judged", {}), "data": budget["data"], "split": "test",
+            "n_per_data_set": budget["eval_n"], "seed": budget["seed"], "model_hash": f"{name} ({where})"}
+
+
 def _diff(diff: dict | None) -> str:
     if diff is None:
         return f"{'-':>24}"
