@@ -1,7 +1,8 @@
 """The single training objective: mask target tokens at a random ratio, predict them.
 
-One loss for every modality and every direction: cross-entropy on the masked positions, weighted by
-``1 / t`` (the ELBO of MDLM and LLaDA; :data:`WEIGHTINGS` has the alternatives a recipe can choose) and
+One loss for every modality and every direction: cross-entropy on the masked positions, each counting once
+(``flat``, the recipe default: it drew and read better in ``bench recipe`` than ``1 / t``, the ELBO of MDLM and
+LLaDA; :data:`WEIGHTINGS` has the alternatives a recipe can choose) and
 divided by each sample's real target tokens (:data:`NORMALISERS`).
 
 :func:`sparse_diffusion_loss` is what training runs: logits only at the masked slots, and each slot's only

@@ -59,7 +59,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     ema_decay: float = 0.999
     bf16: bool | None = None  # None: bf16 autocast where the hardware multiplies bf16 natively (unimodal.training.hardware)
-    loss_weighting: str = "elbo"  # unimodal.training.objective.WEIGHTINGS
+    # unimodal.training.objective.WEIGHTINGS. flat (every masked token counts once, whatever the ratio) drew and
+    # read far better than 1/t in `bench recipe` (docs/results.md, "Flat loss weighting")
+    loss_weighting: str = "flat"
     loss_norm: str = "real"  # unimodal.training.objective.NORMALISERS
     # unimodal.training.objective.MASKINGS. complementary (each sample twice, with a mask and its complement:
     # 2x the rows of batch_size) won at equal compute in `bench recipe` (docs/results.md, "Recipe variants")
@@ -131,7 +133,7 @@ class TrainConfig:
         return self.critic_weight > 0 or self.critic_only
 
     # What a checkpoint written before a setting existed was trained with, so that it resumes as it ran.
-    LEGACY_DEFAULTS = {"masking": "independent", "loss_norm": "maskable", "sparse_head": False,
+    LEGACY_DEFAULTS = {"masking": "independent", "loss_norm": "maskable", "sparse_head": False, "loss_weighting": "elbo",
                        "critic_labels": "token"}
     # What a resumed run takes from the command instead of its checkpoint: none of it changes what is trained.
     RESUME_OVERRIDES = ("steps", "snapshots")
