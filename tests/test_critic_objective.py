@@ -292,6 +292,7 @@ def test_critic_only_trains_the_head_of_a_trained_model_and_nothing_else(tiny_co
     assert {k: v for k, v in record.items() if k not in ("critic_trained", "critic_head")} == \
         {k: v for k, v in generator.items() if k != "critic_trained"}
     assert record["critic_head"]["critic_only"] is True and record["critic_head"]["init_from"] == str(first)
+    assert generator["steps_done"] == 3 and record["critic_head"]["steps_done"] == 3
 
     def weights(folder):
         files = sorted((folder / "backbone").glob("*.safetensors"))

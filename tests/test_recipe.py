@@ -228,6 +228,8 @@ def test_max_minutes_stops_cleanly_with_a_checkpoint_and_a_model(tiny_codec_dir,
     assert torch.load(tmp_path / "short" / "checkpoint.pt", weights_only=False)["step"] == 1
     assert (model_dir / "backbone" / "config.json").exists()
     assert "stopping at step 1 of 50" in capsys.readouterr().out
+    record = json.loads((model_dir / "training_config.json").read_text())
+    assert record["steps"] == 50 and record["steps_done"] == 1  # the plan, and what the weights had
 
 
 def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):

@@ -416,11 +416,13 @@ def check_data(names: list[str] | tuple[str, ...]) -> None:
         data_kind(name)
 
 
-def training_record(cfg: TrainConfig) -> dict:
+def training_record(cfg: TrainConfig, steps_done: int | None = None) -> dict:
     """What ``training_config.json`` says of the weights. A critic-only run's generator is its ``init_from``
     model's, unchanged: the record is that model's (how the generator was trained), with this run under
-    ``critic_head``, so the folder does not read as a model of the critic run's few steps."""
-    record = {**asdict(cfg), "critic_trained": cfg.trains_critic}
+    ``critic_head``, so the folder does not read as a model of the critic run's few steps. ``steps_done``: the
+    optimizer steps the weights had when written (``steps`` is the plan: a ``--max-minutes`` stop ends earlier)."""
+    record = {**asdict(cfg), **({} if steps_done is None else {"steps_done": int(steps_done)}),
+              "critic_trained": cfg.trains_critic}
     source = Path(cfg.init_from or "") / "training_config.json"
     if not cfg.critic_only or not source.is_file():
         return record
@@ -430,14 +432,16 @@ def training_record(cfg: TrainConfig) -> dict:
 
 
 def write_model_folder(directory: Path, model: DiT, ema: EMA, layout, codec_dir: Path | None, cfg: TrainConfig,
-                       shard_mb: int | None = None, half: bool = False, datasets: list[str] | None = None) -> Path:
+                       shard_mb: int | None = None, half: bool = False, datasets: list[str] | None = None,
+                       steps_done: int | None = None) -> Path:
     """A self-describing model folder: backbone (EMA weights), layout.json, the three codecs, the config.
 
     ``codec_dir`` None (a run on a pack, e.g. on a GPU machine without the codecs): the folder has no codecs
     yet; ``unimodal export-model --codecs`` adds them. ``shard_mb``/``half``: safetensors shards of at most
     that many MB, float16 (what comes back from a GPU machine, whose files are limited to 16 MiB each).
     ``datasets``: the embedded sets trained on; their caption vocabulary goes into ``vocabulary.json`` so the
-    pipeline can warn about prompt words the model never saw."""
+    pipeline can warn about prompt words the model never saw. ``steps_done``: recorded in the config (see
+    ``training_record``)."""
     import shutil
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -454,7 +458,7 @@ def write_model_folder(directory: Path, model: DiT, ema: EMA, layout, codec_dir:
             shutil.copytree(codec_folder(codec_dir, modality), directory / modality, dirs_exist_ok=True)
     # critic_trained: whether these weights' critic head was trained (critic="learned" refuses a model without).
     # The record is read first: a critic-only run may write over the very folder it started from.
-    record = json.dumps(training_record(cfg), indent=2)
+    record = json.dumps(training_record(cfg, steps_done), indent=2)
     atomic_write(directory / "training_config.json", lambda path: Path(path).write_text(record))
     if datasets:
         from unimodal.core.grammar import known_vocabulary
@@ -653,7 +657,7 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
         history.append(record)
         if main and step + 1 in cfg.snapshots:
             write_model_folder(out_dir / f"model-step{step + 1}", model, ema, run.layout, run.codec_dir, cfg,
-                               datasets=run.datasets)
+                               datasets=run.datasets, steps_done=step + 1)
         if main and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps or stopping):
             _save_checkpoint(ckpt_path, cfg, model, optimizer, ema, history, step + 1, run)
             write_history(out_dir, history, cfg.objective)
@@ -669,7 +673,7 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
         with open(out_dir / "replica_checksums.json", "w") as f:
             json.dump(checksums, f)
         write_model_folder(out_dir / "model", model, ema, run.layout, run.codec_dir, cfg, options.shard_mb,
-                           options.half, run.datasets)
+                           options.half, run.datasets, steps_done=history[-1]["step"] if history else start)
         write_history(out_dir, history, cfg.objective)
     return out_dir / "model"
 
