@@ -21,7 +21,6 @@ embedded data sets), since ``inference/`` does not import ``training/``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from unimodal.core.errors import InputError
+from unimodal.core.paths import model_hash  # noqa: F401  (re-exported: the reports' model hash)
 from unimodal.core.grammar import parse_digit_caption, parse_scene_caption, scenes_equal
 
 DIRECTIONS = ("text->image", "image->text", "audio->text", "text->audio", "image->audio", "audio->image", "joint")
@@ -289,16 +289,6 @@ def reference_figures(cases: Sequence[EvalCase], judges: Judges, progress: bool 
         correct = [caption_correct(c, h) for c, h in zip(spoken, heard)]
         report["speech_judge_accuracy"] = float(np.mean([x for x in correct if x is not None] or [float("nan")]))
     return report
-
-
-def model_hash(model_dir: str | Path) -> str:
-    """SHA-256 (first 16 hex digits) of every weight and config file of a model folder, in path order."""
-    digest = hashlib.sha256()
-    root = Path(model_dir)
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".json", ".bin")):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECTIONS, settings: dict | None = None,

@@ -276,6 +276,7 @@ def test_critic_only_trains_the_head_of_a_trained_model_and_nothing_else(tiny_co
     learned (and the folder says so); the loss is the critic's alone; it needs a model to start from."""
     from safetensors.torch import load_file
 
+    from unimodal.core.paths import model_hash
     from unimodal.training.train import train
 
     base = dict(preset="tiny", steps=3, batch_size=4, warmup=1, val_every=3, val_samples=2, checkpoint_every=3,
@@ -284,6 +285,7 @@ def test_critic_only_trains_the_head_of_a_trained_model_and_nothing_else(tiny_co
     cfg = TrainConfig(**base, critic_only=True, critic_share=1.0, init_from=str(first), lr=1e-2)
     spec = cfg.loss_spec(toy_layout())
     assert cfg.trains_critic and spec.critic_only and spec.critic.weight == 1.0 and spec.to("cpu").critic_only
+    started_from = model_hash(first)
     trained = train(tmp_path / "critic", [str(tiny_scenes)], tiny_codec_dir, cfg, progress=False)
     record = json.loads((trained / "training_config.json").read_text())
     generator = json.loads((first / "training_config.json").read_text())
@@ -293,6 +295,9 @@ def test_critic_only_trains_the_head_of_a_trained_model_and_nothing_else(tiny_co
         {k: v for k, v in generator.items() if k != "critic_trained"}
     assert record["critic_head"]["critic_only"] is True and record["critic_head"]["init_from"] == str(first)
     assert generator["steps_done"] == 3 and record["critic_head"]["steps_done"] == 3
+    # the lineage by content: the starting folder's hash when the run began (None: a run from scratch)
+    assert record["critic_head"]["init_from_hash"] == started_from and generator["init_from_hash"] is None
+    assert cfg.init_from_hash is None  # the caller's config is not changed by the run
 
     def weights(folder):
         files = sorted((folder / "backbone").glob("*.safetensors"))

@@ -17,7 +17,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +34,7 @@ from unimodal.training.schedule import MaskSchedule
 from unimodal.training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, TaskMixture, build_example, collate_examples
 from unimodal.training.tokens import MAX_AUDIO_SECONDS
 from unimodal.core.errors import DataError, InputError
-from unimodal.core.paths import atomic_write
+from unimodal.core.paths import atomic_write, model_hash, user_path
 from unimodal.training.data.sources import data_kind, dataset_names, resolve_data
 from unimodal.core.int8 import load_pretrained
 
@@ -78,6 +78,10 @@ class TrainConfig:
     train_subset: int | None = None  # train on the first N training samples only
     snapshots: list = field(default_factory=list)  # steps at which to also write OUT/model-stepN
     init_from: str | None = None  # a model folder whose backbone weights start the run (fine-tuning)
+    # Set by the run, not the command: model_hash of init_from when the run started, so a model's lineage stays
+    # readable after the folder it started from is replaced (a fine-tune of unimodal/default_model names a
+    # folder that the next release overwrites). None: no init_from, or a checkpoint that predates the field.
+    init_from_hash: str | None = None
     max_audio_seconds: float = MAX_AUDIO_SECONDS  # the audio segment's length: this many seconds of codes
     # The learned critic (training/critic.py): weight of its loss beside the denoising loss. 0 (the default) leaves
     # the critic head out of the step, the graph and the optimizer: it costs a second forward and backward over
@@ -610,6 +614,8 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
     check_data(data)
     ckpt_path = out_dir / "checkpoint.pt"
     cfg, state = resumed_config(TrainConfig, cfg, ckpt_path, resume)
+    if cfg.init_from and state is None:  # a fresh start: name the weights it starts from by their content
+        cfg = replace(cfg, init_from_hash=model_hash(user_path(cfg.init_from, "--init-from")))
     deadline = Deadline(options.max_minutes)
     accelerator = _accelerator(cfg, options, progress)
     world, rank, main = accelerator.num_processes, accelerator.process_index, accelerator.is_main_process

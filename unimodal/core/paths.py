@@ -92,3 +92,16 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
                      f"`unimodal train --out OUT`, or a folder written by UniModal.save_pretrained) or set "
                      f"{MODEL_ENV}=DIR. To train one: unimodal codec train text|image|audio, then "
                      f"unimodal train --preset small --data scenes --out runs/small")
+
+
+def model_hash(model_dir: str | os.PathLike) -> str:
+    """SHA-256 (first 16 hex digits) of every weight and config file of a model folder, in path order: the
+    name eval reports and training records give a model, whatever folder it lies in."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    root = Path(model_dir)
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".json", ".bin")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
