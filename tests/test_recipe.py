@@ -232,6 +232,43 @@ def test_max_minutes_stops_cleanly_with_a_checkpoint_and_a_model(tiny_codec_dir,
     assert record["steps"] == 50 and record["steps_done"] == 1  # the plan, and what the weights had
 
 
+def test_fit_steps_times_whole_steps_and_revises_the_total_when_the_machine_changes_speed():
+    from unimodal.training import train as train_mod
+
+    ends = [10.0, 11.0, 12.0, 13.0, 16.0, 17.0]  # a 10 s first step, then 1 s, with a 3 s step (a checkpoint)
+    assert train_mod.seconds_per_step(ends, window=100) == pytest.approx(7.0 / 5)  # the first step left out
+    assert train_mod.seconds_per_step(ends, window=2) == pytest.approx(4.0 / 2)  # the recent window
+    with pytest.raises(ValueError):
+        train_mod.seconds_per_step([1.0], window=5)
+    # during the warmup any change is taken; after it only one beyond the tolerance
+    assert train_mod.refitted_total(1000, 1050, done=50, warmup=100) == 1050
+    assert train_mod.refitted_total(1000, 1050, done=300, warmup=100) == 1000
+    assert train_mod.refitted_total(1000, 400, done=300, warmup=100) == 400  # slowed down: the cosine still ends
+    assert train_mod.refitted_total(1000, 1500, done=300, warmup=100) == 1500
+
+    class Budget:  # 100 s left
+        end = train_mod.time.monotonic() + 100 + train_mod.SAVE_RESERVE_S
+
+    fitted = train_mod.fitted_steps(10, 1.0, Budget, asked=5000)
+    assert 10 + 90 <= fitted <= 10 + 98  # what 100 s hold at 1 s a step, a little kept back
+    assert train_mod.fitted_steps(10, 1.0, Budget, asked=50) == 50  # never beyond the command's steps
+    assert train_mod.fitted_steps(10, 1000.0, Budget, asked=50) == 11  # always one more step
+
+
+def test_fit_steps_fits_a_run_to_its_budget(tiny_codec_dir, tiny_scenes, tmp_path, capsys, monkeypatch):
+    from unimodal.training import train as train_mod
+
+    monkeypatch.setattr(train_mod, "FIT_AFTER_STEPS", 3)
+    monkeypatch.setattr(train_mod, "SAVE_RESERVE_S", 1.0)
+    model_dir = train(tmp_path / "fit", [str(tiny_scenes)], tiny_codec_dir, _cfg(steps=100_000), progress=True,
+                      options=RunOptions(max_minutes=0.2, fit_steps=True))
+    out = capsys.readouterr().out
+    assert "--fit-steps:" in out and "validation and checkpoints included" in out
+    record = json.loads((model_dir / "training_config.json").read_text())
+    history = json.loads((tmp_path / "fit" / "history.json").read_text())
+    assert 3 < record["steps"] < 100_000 and record["steps_done"] == len(history) <= record["steps"]
+
+
 def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):
     from unimodal.recipe import RecipeBudget, format_report, parse_variant, run_recipe
 

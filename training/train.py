@@ -561,7 +561,8 @@ class RunOptions:
     fit_steps: bool = False  # with max_minutes: set the total steps (and so the cosine schedule) to what fits
 
 
-FIT_AFTER_STEPS = 30  # steps timed (compilation included in the first) before --fit-steps sets the total
+FIT_AFTER_STEPS = 30  # steps timed before --fit-steps sets the total, and between its later revisions
+REFIT_TOLERANCE = 0.1  # after the warmup, --fit-steps revises the total only when what fits moved by more
 
 
 SAVE_RESERVE_S = 30.0  # kept free at the end of a --max-minutes budget for validation and saving
@@ -636,6 +637,8 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
     bar = tqdm(total=cfg.steps, initial=start, desc="train", disable=not (progress and main))
     runner.train()
     step_times: list[float] = []
+    ends: list[float] = []  # wall clock at the end of each step of this run: data, validation, checkpoints included
+    asked_steps = cfg.steps  # --fit-steps never goes beyond the command's steps
     for step, generator_seed, chunks in step_batches(run.layout, train_tokens, cfg, start, rank, world, workers):
         if step >= cfg.steps:  # --fit-steps shortened the run below what the loader was asked for
             break
@@ -647,11 +650,6 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
         ema.update(model, step)
         step_times.append(time.perf_counter() - t0)
         deadline.step_took(step_times[-1])
-        if options.fit_steps and len(step_times) == FIT_AFTER_STEPS and deadline.end is not None:
-            cfg.steps = bar.total = fitted_steps(step + 1, step_times, deadline, cfg.steps)
-            if progress and main:
-                print(f"\n--fit-steps: {cfg.steps} steps fit the budget (median step "
-                      f"{float(np.median(step_times[-10:])):.3f} s)", flush=True)
         stopping = deadline.reached() and step + 1 < cfg.steps
         record = {"step": step + 1, "lr": cfg.lr * lr_factor(cfg, step), **record,
                   "tokens_per_s": record.pop("tokens") * world / step_times[-1]}
@@ -667,6 +665,10 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
         if main and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps or stopping):
             _save_checkpoint(ckpt_path, cfg, model, optimizer, ema, history, step + 1, run)
             write_history(out_dir, history, cfg.objective)
+        ends.append(time.monotonic())
+        if options.fit_steps and deadline.end is not None and len(ends) % FIT_AFTER_STEPS == 0 and not stopping:
+            _fit_steps(cfg, bar, ends, step + 1, deadline, asked_steps, first=len(ends) == FIT_AFTER_STEPS,
+                       log=progress and main)
         if stopping:
             if progress and main:
                 print(f"\nstopping at step {step + 1} of {cfg.steps}: the --max-minutes {options.max_minutes} "
@@ -786,12 +788,49 @@ def _optimizer_step(runner, optimizer, accelerator, chunks, cfg: TrainConfig, sc
             "tokens_per_example": tokens / examples}
 
 
-def fitted_steps(done: int, step_times: list[float], deadline: Deadline, asked: int) -> int:
-    """The total steps that fit a budget: those done, plus what the time left holds at the recent median
-    step time, less the save reserve; never more than ``asked``."""
-    median = float(np.median(step_times[-10:]))
-    left = deadline.end - time.monotonic() - SAVE_RESERVE_S - 2 * median
-    return max(done + 1, min(asked, done + int(0.97 * left / median)))
+def fitted_steps(done: int, seconds_per_step: float, deadline: Deadline, asked: int) -> int:
+    """The total steps that fit a budget: those done, plus what the time left holds at ``seconds_per_step``,
+    less the save reserve; never more than ``asked``."""
+    left = deadline.end - time.monotonic() - SAVE_RESERVE_S - 2 * seconds_per_step
+    return max(done + 1, min(asked, done + int(0.97 * left / seconds_per_step)))
+
+
+def seconds_per_step(ends: list[float], window: int) -> float:
+    """Mean wall-clock seconds a step took over the last ``window`` steps (at most), the first step left out
+    (compilation, warm caches): everything the loop does between steps counts, so validation and checkpoints
+    are paid for in proportion."""
+    n = min(len(ends) - 1, window)
+    if n < 1:
+        raise ValueError("seconds_per_step needs the end times of at least two steps")
+    return (ends[-1] - ends[-1 - n]) / n
+
+
+def refitted_total(current: int, fitted: int, done: int, warmup: int) -> int:
+    """--fit-steps' total after a later timing: taken while the warmup lasts (the learning rate does not depend
+    on the total there), and after it only when the total that fits moved by more than ``REFIT_TOLERANCE``: a
+    machine that slowed down would have the budget cut the cosine short, one that sped up would end early."""
+    if done < warmup or abs(fitted - current) > REFIT_TOLERANCE * current:
+        return fitted
+    return current
+
+
+def _fit_steps(cfg: TrainConfig, bar, ends: list[float], done: int, deadline: Deadline, asked: int, first: bool,
+               log: bool) -> None:
+    """Set (``first``) or revise the run's total steps, and so its cosine schedule, to what the budget holds."""
+    per_step = seconds_per_step(ends, max(FIT_AFTER_STEPS, cfg.checkpoint_every, cfg.val_every))
+    fitted = fitted_steps(done, per_step, deadline, asked)
+    total = fitted if first else refitted_total(cfg.steps, fitted, done, cfg.warmup)
+    if total == cfg.steps and not first:
+        return
+    if log:
+        if first:
+            print(f"\n--fit-steps: {total} steps fit the budget ({per_step:.3f} s a step, validation and "
+                  f"checkpoints included)", flush=True)
+        else:
+            after = "" if done < cfg.warmup else "; the cosine schedule is refitted from here"
+            print(f"\n--fit-steps: at {per_step:.3f} s a step {total} steps fit the budget (were {cfg.steps})"
+                  f"{after}", flush=True)
+    cfg.steps = bar.total = total
 
 
 def _save_checkpoint(path: Path, cfg, model, optimizer, ema, history, step: int, run: RunData) -> None:
@@ -868,7 +907,9 @@ def add_arguments(parser) -> None:
                         help="processes building batches (default: 0 on the CPU, up to 8 with a GPU)")
     parser.add_argument("--fit-steps", action="store_true",
                         help=f"with --max-minutes: after {FIT_AFTER_STEPS} timed steps, set the total steps (and the "
-                             f"learning-rate schedule) to what fits the budget, at most --steps")
+                             f"learning-rate schedule) to what fits the budget, at most --steps, timing whole steps "
+                             f"(validation and checkpoints included); revised every {FIT_AFTER_STEPS} steps during the "
+                             f"warmup, and after it when what fits moves by more than {REFIT_TOLERANCE:.0%}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--objective", choices=OBJECTIVES, default="diffusion",
                         help="diffusion (the model) or ar: its autoregressive twin (same backbone, causal mask, "
