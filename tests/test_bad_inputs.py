@@ -80,6 +80,23 @@ def test_help_and_version_do_not_import_torch():
     assert cli("--version")[0] == 0 and "unimodal" in cli("--version")[1]
 
 
+def test_every_command_renders_its_help():
+    """argparse formats help strings with %: a bare % in one crashed `unimodal train --help` and `bench --help`."""
+    import argparse
+
+    from unimodal.cli import build_parser
+
+    parsers, seen = [build_parser(None)], 0  # None: every command, the heavy ones included
+    while parsers:
+        parser = parsers.pop()
+        assert parser.format_help(), parser.prog
+        seen += 1
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+    assert seen > 20
+
+
 def test_stdio_server_answers_undecodable_bytes_and_goes_on(tiny_model_dir):
     lines = (b'{"id": 1, "op": "generate", "text": "a red \xff circle", "to": "text", "steps": 1}\n'
              b'{"id": 2, "op": "generate", "text": "a red \\ud800 circle", "to": "image"}\n'

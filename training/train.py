@@ -909,7 +909,7 @@ def add_arguments(parser) -> None:
                         help=f"with --max-minutes: after {FIT_AFTER_STEPS} timed steps, set the total steps (and the "
                              f"learning-rate schedule) to what fits the budget, at most --steps, timing whole steps "
                              f"(validation and checkpoints included); revised every {FIT_AFTER_STEPS} steps during the "
-                             f"warmup, and after it when what fits moves by more than {REFIT_TOLERANCE:.0%}")
+                             f"warmup, and after it when what fits moves by more than {REFIT_TOLERANCE:.0%}%")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--objective", choices=OBJECTIVES, default="diffusion",
                         help="diffusion (the model) or ar: its autoregressive twin (same backbone, causal mask, "

@@ -204,7 +204,7 @@ def _compared_report(name: str) -> dict:
 
 def add_compare_command(bench) -> None:
     sub = bench.add_parser("compare", help="two unimodal eval reports of the same cases (e.g. the shipped model and "
-                                           "a candidate), direction by direction: paired difference, 95% interval")
+                                           "a candidate), direction by direction: paired difference, 95%% interval")
     sub.add_argument("reference", help="eval.json (or its folder) of the reference, e.g. the shipped model; or "
                                        "RECIPE:VARIANT, a variant of a bench recipe report (recipe.json or its folder)")
     sub.add_argument("candidate", help="eval.json (or its folder) of the model to compare with it, or RECIPE:VARIANT")
