@@ -80,6 +80,17 @@ def test_help_and_version_do_not_import_torch():
     assert cli("--version")[0] == 0 and "unimodal" in cli("--version")[1]
 
 
+def test_a_closed_output_pipe_ends_quietly():
+    """`unimodal bench compare A B | head -1`: the reader goes away before the table is written."""
+    reports = [os.path.join(REPO, "docs", "results", name) for name in ("eval_shipped_int8_n200.json",
+                                                            "eval_shipped_r5_int8_n200.json")]
+    proc = subprocess.Popen([sys.executable, "-m", "unimodal.cli", "bench", "compare", *reports], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the command has printed anything
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 141 and err == "", err
+
+
 def test_every_command_renders_its_help():
     """argparse formats help strings with %: a bare % in one crashed `unimodal train --help` and `bench --help`."""
     import argparse

@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args([word for word in argv if word != "--debug"])
     shown, warnings.showwarning = warnings.showwarning, (warnings.showwarning if debug else _show_warning)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a reader that went away shows here, where it is handled, not at interpreter exit
+        return code
     except UnimodalError as err:
         if debug:
             raise
@@ -84,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`unimodal ... | head`): stop quietly, as other command-line tools do. Point stdout
+        # at /dev/null so that flushing it at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the closed pipe
     except Exception as err:  # noqa: BLE001 - a bug still answers in one line; --debug shows where
         if debug:
             raise
