@@ -91,6 +91,20 @@ def test_a_closed_output_pipe_ends_quietly():
     assert proc.wait() == 141 and err == "", err
 
 
+def test_a_broken_pipe_that_is_not_stdout_is_still_reported(monkeypatch, capsys):
+    """Only a reader of stdout going away is quiet: a worker's broken pipe is a bug and says so."""
+    import unimodal.cli as cli_module
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    parser = type("Parser", (), {"parse_args": lambda self, argv: type("Args", (), {"func": staticmethod(broken)})()})
+    monkeypatch.setattr(cli_module, "build_parser", lambda argv: parser())
+    monkeypatch.setattr(cli_module, "_stdout_closed", lambda: False)
+    assert cli_module.main(["anything"]) == 1
+    assert "internal error BrokenPipeError" in capsys.readouterr().err
+
+
 def test_every_command_renders_its_help():
     """argparse formats help strings with %: a bare % in one crashed `unimodal train --help` and `bench --help`."""
     import argparse

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import sys
 import warnings
 
@@ -69,6 +70,25 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"warning: {message}", file=sys.stderr if file is None else file)
 
 
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll reports an error on its write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll() (Windows) or no real stdout: trust the error
+        return True
+
+
+def _internal_error(err: Exception, debug: bool) -> int:
+    """A bug still answers in one line; ``--debug`` shows where."""
+    if debug:
+        raise err
+    print(f"error: internal error {type(err).__name__}: {err} (run with --debug for the traceback, and "
+          f"please report it)", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else [str(word) for word in argv]
     debug = "--debug" in argv or bool(os.environ.get("UNIMODAL_DEBUG"))  # anywhere: before or after the command
@@ -86,17 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError as err:
+        if not _stdout_closed():  # another pipe (a worker's) broke: that is a bug, not a reader going away
+            return _internal_error(err, debug)
         # The reader went away (`unimodal ... | head`): stop quietly, as other command-line tools do. Point stdout
         # at /dev/null so that flushing it at exit does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the closed pipe
     except Exception as err:  # noqa: BLE001 - a bug still answers in one line; --debug shows where
-        if debug:
-            raise
-        print(f"error: internal error {type(err).__name__}: {err} (run with --debug for the traceback, and "
-              f"please report it)", file=sys.stderr)
-        return 1
+        return _internal_error(err, debug)
     finally:
         warnings.showwarning = shown
 
