@@ -56,7 +56,7 @@ def test_gpu_script_trains_from_a_pack_and_returns_at_most_eight_files(tiny_code
            "PYTHONPATH": str(tmp_path / "bare"), "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}
     cmd = ["bash", str(REPO / "training" / "gpu_train.sh"), "--pack", str(pack), "--out", str(out), "--wheels",
            str(wheels), "--minutes", "5", "--device", "cpu", "--", "--preset", "tiny", "--steps", "3",
-           "--batch-size", "4", "--no-bf16", "--val-every", "2", "--workers", "1"]
+           "--batch-size", "4", "--no-bf16", "--val-every", "2", "--workers", "1", "--audio-position-rate", "auto"]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "installed 1 wheel(s)" in result.stdout and "tokens/s" in result.stdout and "MFU" in result.stdout
@@ -76,3 +76,8 @@ def test_gpu_script_trains_from_a_pack_and_returns_at_most_eight_files(tiny_code
 
     pipe = UniModal.from_pretrained(shipped)
     assert pipe.generate(text="a red circle", to="image", steps=2, seed=0).image is not None
+    # a rate measured on the pack travels with the model: the codecs' layout lacks it and still fits
+    from unimodal.tokenizers_mm.layout import Layout
+
+    assert 0 < Layout.load(shipped).audio_position_rate < 1
+    assert pipe.generate(text="a red circle", to="audio", steps=2, seed=0).audio is not None

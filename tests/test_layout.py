@@ -142,6 +142,30 @@ def test_sequence_positions_are_diagonal_and_restart_per_segment(layout):
     assert text.tolist() == [[i, i] for i in range(5)] and audio.tolist() == [[i, i] for i in range(4)]
 
 
+def test_audio_positions_at_the_text_rate_line_a_word_up_with_its_sound(layout):
+    """With audio_position_rate, audio slot i sits at (i, round(i * rate)); text and images are unchanged,
+    the layout saves and reloads the rate, and a layout without it saves exactly the fields it always had."""
+    paced = Layout.from_dict(layout.to_dict() | {"audio_position_rate": 0.25})
+    segments = [("text", torch.tensor([1, 2, 3])), ("image", sample_content(layout, "image")),
+                ("audio", torch.arange(9))]
+    plain, packed = layout.pack(segments), paced.pack(segments)
+    audio = packed.positions[slice(*_bounds(packed.span("audio")))]
+    assert audio[:, 0].tolist() == list(range(11))  # BEGIN, 9 codes, END: the first axis still counts codes
+    assert audio[:, 1].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 2]  # round(i / 4): a word every ~4 codes
+    for modality in ("text", "image"):
+        span = packed.span(modality)
+        assert torch.equal(packed.positions[span.start:span.end], plain.positions[span.start:span.end])
+    assert torch.equal(packed.ids, plain.ids)
+    # a generation target (all MASK) gets the same positions as the content it will become
+    target = paced.pack([paced.target_segment("audio", 10)])
+    assert torch.equal(target.positions, audio)
+    assert Layout.from_dict(json.loads(json.dumps(paced.to_dict()))) == paced
+    assert "audio_position_rate" not in layout.to_dict() and paced.to_dict()["audio_position_rate"] == 0.25
+    for bad in (0, -0.5, 1.5, float("nan"), True, "0.25"):
+        with pytest.raises(InputError, match="audio_position_rate"):
+            Layout.from_dict(layout.to_dict() | {"audio_position_rate": bad})
+
+
 def _bounds(span) -> tuple[int, int]:
     return span.start, span.end
 

@@ -278,6 +278,10 @@ def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):
         with pytest.raises(InputError):
             parse_variant(bad)
     assert parse_variant(["c128", f"codecs={tmp_path}"]) == ("c128", {"codecs": str(tmp_path.resolve())})
+    assert parse_variant(["paced", "audio_position_rate=auto"]) == ("paced", {"audio_position_rate": "auto"})
+    assert parse_variant(["paced", "audio_position_rate=0.25"]) == ("paced", {"audio_position_rate": 0.25})
+    with pytest.raises(InputError, match="variant 'paced': audio_position_rate must be 'auto'"):
+        parse_variant(["paced", "audio_position_rate=fast"])
     with pytest.raises(InputError, match="codecs='nowhere' is not a folder"):
         parse_variant(["c128", "codecs=nowhere"])
     judged = {"text->image": {"accuracy": 0.25, "verdicts": [1, 0, 0, 0]},

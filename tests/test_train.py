@@ -15,7 +15,7 @@ from unimodal.training.schedule import MaskSchedule
 from unimodal.training.tasks import Task, TaskMixture, build_example, collate_examples
 from unimodal.training.tokens import CodecStack, tokenized_split
 from unimodal.training.train import TrainConfig, global_batch_indices, step_loss, train
-from unimodal.core.errors import InputError
+from unimodal.core.errors import DataError, InputError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -167,6 +167,37 @@ def test_init_from_starts_from_a_models_weights_and_refuses_a_misfit(tiny_codec_
     with pytest.raises(InputError, match="not a model folder"):
         train(tmp_path / "nowhere", [str(tiny_scenes)], tiny_codec_dir,
               _tiny_cfg(steps=1, init_from=str(tmp_path / "nothing")), progress=False)
+
+
+def test_audio_position_rate_is_measured_saved_inherited_and_switched_off(tiny_codec_dir, tiny_scenes, tmp_path,
+                                                                            capsys):
+    from unimodal.tokenizers_mm.layout import Layout
+    from unimodal.training.train import audio_position_rate
+
+    stack = CodecStack.load(tiny_codec_dir)
+    tokens = tokenized_split(stack, tiny_codec_dir, tiny_scenes, "train", progress=False)
+    ratios = [t["text"].numel() / t["audio"].numel() for t in tokens if "text" in t and "audio" in t]
+    paced = train(tmp_path / "paced", [str(tiny_scenes)], tiny_codec_dir,
+                  _tiny_cfg(steps=1, audio_position_rate="auto"), progress=True)
+    rate = Layout.load(paced).audio_position_rate
+    assert rate == pytest.approx(sum(ratios) / len(ratios), abs=1e-4) and 0 < rate < 1
+    assert f"audio positions at {rate:g} text tokens per audio code" in capsys.readouterr().out
+    assert json.loads((paced / "training_config.json").read_text())["audio_position_rate"] == rate
+    # a fine-tune keeps the positions its model was trained with unless told otherwise; 0 goes back to (i, i)
+    inherited = train(tmp_path / "inherited", [str(tiny_scenes)], tiny_codec_dir,
+                      _tiny_cfg(steps=1, init_from=str(paced)), progress=False)
+    assert Layout.load(inherited).audio_position_rate == rate
+    plain = train(tmp_path / "plain", [str(tiny_scenes)], tiny_codec_dir,
+                  _tiny_cfg(steps=1, init_from=str(paced), audio_position_rate=0), progress=True)
+    assert Layout.load(plain).audio_position_rate is None and "audio_position_rate" not in \
+        json.loads((plain / "layout.json").read_text())
+    assert "layout changes: {'audio_position_rate': (" in capsys.readouterr().out
+    assert audio_position_rate(_tiny_cfg(), tokens) == 0.0  # no init_from: sequential
+    with pytest.raises(DataError, match="no training sample has both text and audio"):
+        audio_position_rate(_tiny_cfg(audio_position_rate="auto"), [{"text": t["text"]} for t in tokens])
+    for bad in ("fast", -0.1, 2.0, float("nan")):
+        with pytest.raises(InputError, match="audio_position_rate"):
+            _tiny_cfg(audio_position_rate=bad)
 
 
 def test_token_cache_is_reused(tiny_codec_dir, tiny_scenes):

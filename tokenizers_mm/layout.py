@@ -19,6 +19,12 @@ Positions are ``(L, 2)``: images use (row, col) with the BEGIN marker at (0, 0),
 ``(1 + r, 1 + c)`` and the END marker at ``(rows + 1, cols + 1)``; text and audio use ``(i, i)``, so a rotary
 embedding that rotates half of each head by ``pos[:, 0]`` and half by ``pos[:, 1]`` is plain 1-D RoPE for
 them. Positions restart at 0 in every segment; the segment id tells segments apart.
+
+With ``Layout.audio_position_rate`` set (text tokens per audio code, ~0.25 for the scenes' speech), audio slot
+``i`` sits at ``(i, round(i * rate))`` instead: the first half of each head still orders the audio codes one by
+one, the second counts in text tokens, so a spoken word's codes and the word itself are at the same position on
+that axis and a text-audio attention head can find the word it is saying by a near-zero offset, not an offset
+that grows with the position (about 3 positions per word without it).
 """
 
 from __future__ import annotations
@@ -68,10 +74,11 @@ def _as_ids(ids, what: str) -> torch.Tensor:
     return torch.as_tensor(ids, dtype=torch.long)
 
 
-def _sequential_positions(n: int) -> torch.Tensor:
-    """(i, i) for i in 0..n-1: 1-D positions in the 2-D format."""
+def _sequential_positions(n: int, rate: float | None = None) -> torch.Tensor:
+    """(i, i) for i in 0..n-1: 1-D positions in the 2-D format; with ``rate``, (i, round(i * rate))."""
     steps = torch.arange(n, dtype=torch.long)
-    return torch.stack([steps, steps], dim=1)  # (n, 2)
+    second = steps if rate is None else torch.round(steps.double() * rate).long()
+    return torch.stack([steps, second], dim=1)  # (n, 2)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: comparing tensor fields with == is ambiguous
@@ -186,7 +193,10 @@ class Layout:
     """The shared vocabulary and the geometry needed to map native units (pixels, seconds) to codes.
 
     ``image_patch``: pixels per code side; ``audio_frame_rate``: audio codes per second; ``max_text_len`` /
-    ``max_audio_len``: most content tokens a padded text / audio segment holds.
+    ``max_audio_len``: most content tokens a padded text / audio segment holds; ``audio_position_rate``: None
+    (audio positions ``(i, i)``) or text tokens per audio code, putting audio slot ``i`` at ``(i, round(i *
+    rate))`` so that a word and its sound share the second position axis (module docstring). It changes what
+    every audio position means, so it is fixed when a model is trained and saved with it.
     """
 
     text_vocab_size: int
@@ -197,6 +207,7 @@ class Layout:
     image_patch: int = 8
     max_text_len: int = 32
     max_audio_len: int = 128
+    audio_position_rate: float | None = None
 
     def __post_init__(self):
         self.image_grid = tuple(int(n) for n in self.image_grid)
@@ -208,6 +219,11 @@ class Layout:
                 raise InputError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if not self.audio_frame_rate > 0:
             raise InputError(f"audio_frame_rate must be positive, got {self.audio_frame_rate!r}")
+        rate = self.audio_position_rate
+        if rate is not None and not (isinstance(rate, (int, float)) and not isinstance(rate, bool)
+                                     and math.isfinite(rate) and 0 < rate <= 1):
+            raise InputError(f"audio_position_rate must be None or text tokens per audio code in (0, 1], got "
+                             f"{rate!r}")
 
     # ---- id ranges -------------------------------------------------------------------------------------
 
@@ -340,7 +356,8 @@ class Layout:
             filler = torch.full((slots - content.numel() - 1,), PAD, dtype=torch.long)
             body = torch.cat([content, torch.tensor([end]), filler])
         ids = torch.cat([torch.tensor([begin]), body])
-        return ids, _sequential_positions(ids.numel())
+        rate = self.audio_position_rate if segment.modality == "audio" else None
+        return ids, _sequential_positions(ids.numel(), rate)
 
     def _image_tokens(self, segment: Segment) -> tuple[torch.Tensor, torch.Tensor]:
         rows, cols = self.image_grid
@@ -471,7 +488,10 @@ class Layout:
 
     def to_dict(self) -> dict:
         # The special-token table is stored so that a model folder built with other ids is refused on load.
-        return {"format_version": FORMAT_VERSION, **asdict(self), "image_grid": list(self.image_grid),
+        fields = asdict(self)
+        if fields["audio_position_rate"] is None:  # absent = sequential, so layouts saved before it read the same
+            del fields["audio_position_rate"]
+        return {"format_version": FORMAT_VERSION, **fields, "image_grid": list(self.image_grid),
                 "num_special": NUM_SPECIAL, "special_tokens": dict(SPECIAL_TOKENS)}
 
     @classmethod

@@ -9,6 +9,7 @@ the three codecs it was trained with, so it is also the default codec folder for
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from unimodal.backbone.dit import DiT
@@ -63,7 +64,8 @@ def _check_codecs_fit(model_dir: Path, codecs: str | Path) -> None:
 
     trained = Layout.load(model_dir)
     stack = CodecStack.load(codecs, max_text_len=trained.max_text_len, max_audio_len=trained.max_audio_len)
-    if stack.layout.to_dict() != trained.to_dict():
+    # where audio codes sit (audio_position_rate) is the model's choice, not the codecs'
+    if replace(stack.layout, audio_position_rate=trained.audio_position_rate).to_dict() != trained.to_dict():
         raise DataError(f"the codecs in {codecs} do not fit the model in {model_dir}: layout "
                         f"{stack.layout.to_dict()} vs the model's {trained.to_dict()}")
 

@@ -83,6 +83,10 @@ class TrainConfig:
     # folder that the next release overwrites). None: no init_from, or a checkpoint that predates the field.
     init_from_hash: str | None = None
     max_audio_seconds: float = MAX_AUDIO_SECONDS  # the audio segment's length: this many seconds of codes
+    # Audio positions (tokenizers_mm/layout.py): text tokens per audio code on the second rotary axis, so a word and
+    # its sound line up; 0 keeps (i, i). None (the command's default): what the --init-from model was trained
+    # with, else 0; "auto": the training set's mean text tokens per audio code. A run stores the number it used.
+    audio_position_rate: float | str | None = None
     # The learned critic (training/critic.py): weight of its loss beside the denoising loss. 0 (the default) leaves
     # the critic head out of the step, the graph and the optimizer: it costs a second forward and backward over
     # ``critic_share`` of the rows (at 0.25 about a quarter more model compute per step, counted, not timed) and
@@ -113,6 +117,11 @@ class TrainConfig:
         if self.loss_weighting not in WEIGHTINGS or self.loss_norm not in NORMALISERS:
             raise InputError(f"loss weighting must be one of {WEIGHTINGS} and normalisation one of {NORMALISERS}, "
                              f"got {self.loss_weighting!r} and {self.loss_norm!r}")
+        rate = self.audio_position_rate
+        if not (rate is None or rate == "auto" or (isinstance(rate, (int, float)) and not isinstance(rate, bool)
+                                                   and math.isfinite(rate) and 0 <= rate <= 1)):
+            raise InputError(f"audio_position_rate must be 'auto', or text tokens per audio code in [0, 1] (0: "
+                             f"audio positions (i, i)), got {rate!r}")
         self._check_critic()
 
     def _check_critic(self) -> None:
@@ -138,7 +147,7 @@ class TrainConfig:
 
     # What a checkpoint written before a setting existed was trained with, so that it resumes as it ran.
     LEGACY_DEFAULTS = {"masking": "independent", "loss_norm": "maskable", "sparse_head": False, "loss_weighting": "elbo",
-                       "critic_labels": "token"}
+                       "critic_labels": "token", "audio_position_rate": 0.0}
     # What a resumed run takes from the command instead of its checkpoint: none of it changes what is trained.
     RESUME_OVERRIDES = ("steps", "snapshots")
 
@@ -494,7 +503,7 @@ def load_initial_weights(model: DiT, source: str | Path, layout, log: bool = Tru
     model.load_state_dict({k: v.to(mine[k].dtype) for k, v in weights.items()})
     if log and (folder / "layout.json").exists():
         before, after = Layout.load(folder).to_dict(), layout.to_dict()
-        changed = {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
+        changed = {k: (before.get(k), after.get(k)) for k in {**before, **after} if before.get(k) != after.get(k)}
         objective = "" if source_model.config.causal == model.config.causal else \
             f"; attention {'causal' if model.config.causal else 'bidirectional'} now"
         print(f"initialised from {source}" + (f"; layout changes: {changed}" if changed else "") + objective,
@@ -626,6 +635,10 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
     run = load_run_data(data, codec_dir, cfg, accelerator, progress)
     if not run.train:  # a data set whose splits put nothing in train: say so rather than divide by zero
         raise DataError(f"--data {','.join(map(str, data))}: no training samples")
+    cfg = replace(cfg, audio_position_rate=audio_position_rate(cfg, run.train))
+    run.layout = replace(run.layout, audio_position_rate=cfg.audio_position_rate or None)
+    if cfg.audio_position_rate and progress and main:
+        print(f"audio positions at {cfg.audio_position_rate:g} text tokens per audio code", flush=True)
     train_tokens = _subset(run.train, cfg.train_subset)
     model, runner, optimizer, ema, history, start = _prepared_model(cfg, run, state, options, accelerator, progress)
     mixture, schedule = TaskMixture(cfg.task_weights, cfg.cond_drop), MaskSchedule()
@@ -684,6 +697,28 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
                            options.half, run.datasets, steps_done=history[-1]["step"] if history else start)
         write_history(out_dir, history, cfg.objective)
     return out_dir / "model"
+
+
+def audio_position_rate(cfg: TrainConfig, train_tokens: list[dict]) -> float:
+    """The run's text tokens per audio code (0: sequential audio positions), from ``cfg.audio_position_rate``:
+    a number as given; "auto" the mean over training samples that have both text and audio; None what the
+    ``init_from`` model's layout holds (0 when it has none)."""
+    rate = cfg.audio_position_rate
+    if rate == "auto":
+        ratios = [s["text"].numel() / s["audio"].numel() for s in train_tokens
+                  if "text" in s and "audio" in s and s["audio"].numel() and s["text"].numel()]
+        if not ratios:
+            raise DataError("--audio-position-rate auto: no training sample has both text and audio to measure "
+                            "the rate on; give the rate as a number, or 0")
+        return round(min(1.0, sum(ratios) / len(ratios)), 4)
+    if rate is None:
+        from unimodal.tokenizers_mm.layout import LAYOUT_FILE, Layout
+
+        folder = user_path(cfg.init_from, "--init-from") if cfg.init_from else None
+        if folder is None or not (Path(folder) / LAYOUT_FILE).is_file():
+            return 0.0
+        return float(Layout.load(folder).audio_position_rate or 0.0)
+    return float(rate)
 
 
 def caption_swaps(cfg: TrainConfig, run: RunData, log: bool) -> AttributeSwaps | None:
@@ -927,6 +962,10 @@ def add_arguments(parser) -> None:
                              "your own data); the preset and vocabulary must match")
     parser.add_argument("--max-audio-seconds", type=float, default=TrainConfig.max_audio_seconds,
                         help="longest audio a sample keeps (the audio segment's length)")
+    parser.add_argument("--audio-position-rate", type=_position_rate, default=None,
+                        help="put audio code i at text position i*RATE on the second rotary axis, so a word and its "
+                             "sound line up: a number of text tokens per audio code, 'auto' (the training set's "
+                             "mean) or 0 (positions (i, i)); default: what the --init-from model uses, else 0")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (its config wins, "
                                                               "except --steps and --snapshots)")
 
@@ -941,6 +980,21 @@ def _step_list(text: str) -> list[int]:
     if any(step < 1 for step in steps):
         raise argparse.ArgumentTypeError(f"snapshot steps must be >= 1, got {text!r}")
     return steps
+
+
+def _position_rate(text: str) -> float | str:
+    import argparse
+
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = None
+    if rate is None or not (math.isfinite(rate) and 0 <= rate <= 1):
+        raise argparse.ArgumentTypeError(f"expected 'auto' or text tokens per audio code in [0, 1] (0: off), got "
+                                         f"{text!r}")
+    return rate
 
 
 def _task_weights(text: str) -> dict[str, float]:
@@ -979,7 +1033,7 @@ def run_from_args(args) -> int:
                      objective=args.objective, train_subset=args.train_subset, snapshots=args.snapshots,
                      ema_decay=args.ema_decay, init_from=args.init_from, max_audio_seconds=args.max_audio_seconds,
                      critic_weight=args.critic_weight, critic_share=args.critic_share, critic_only=args.critic_only,
-                     critic_labels=args.critic_labels,
+                     critic_labels=args.critic_labels, audio_position_rate=args.audio_position_rate,
                      **({} if args.tasks is None else {"task_weights": args.tasks}))
     if args.fit_steps and args.max_minutes is None:
         raise InputError("--fit-steps fits the run to --max-minutes; give both")

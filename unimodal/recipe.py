@@ -50,6 +50,10 @@ def parse_variant(words: list[str]) -> tuple[str, dict]:
             raise InputError(f"variant {name!r}: {pair!r} is not KEY=VALUE with KEY a training setting "
                              f"({', '.join(sorted(types))})")
         overrides[key] = _typed(value, types[key], f"variant {name!r}: {key}")
+    try:  # a value the trainer refuses is refused now, not after the variants before it have trained
+        TrainConfig(**{k: v for k, v in overrides.items() if k != CODECS_KEY})
+    except (InputError, TypeError) as error:
+        raise InputError(f"variant {name!r}: {error}") from None
     if CODECS_KEY in overrides:
         folder = Path(overrides[CODECS_KEY]).expanduser()
         if not folder.is_dir():
@@ -69,6 +73,11 @@ def _typed(value: str, kind: type, what: str):
         if value.lower() not in ("true", "false"):
             raise InputError(f"{what} must be true or false, got {value!r}")
         return value.lower() == "true"
+    if kind is type(None):  # a setting whose default is None (e.g. audio_position_rate): a number, JSON or a word
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value  # TrainConfig says whether the word is one it takes
     try:
         return kind(value) if kind in (int, float, str) else json.loads(value)
     except (ValueError, json.JSONDecodeError):
