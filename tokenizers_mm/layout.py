@@ -74,6 +74,12 @@ def _as_ids(ids, what: str) -> torch.Tensor:
     return torch.as_tensor(ids, dtype=torch.long)
 
 
+def is_position_rate(rate) -> bool:
+    """Whether ``rate`` can be a layout's ``audio_position_rate``: text tokens per audio code, a finite number in
+    (0, 1] (not a bool)."""
+    return isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate) and 0 < rate <= 1
+
+
 def _sequential_positions(n: int, rate: float | None = None) -> torch.Tensor:
     """(i, i) for i in 0..n-1: 1-D positions in the 2-D format; with ``rate``, (i, round(i * rate))."""
     steps = torch.arange(n, dtype=torch.long)
@@ -219,11 +225,9 @@ class Layout:
                 raise InputError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if not self.audio_frame_rate > 0:
             raise InputError(f"audio_frame_rate must be positive, got {self.audio_frame_rate!r}")
-        rate = self.audio_position_rate
-        if rate is not None and not (isinstance(rate, (int, float)) and not isinstance(rate, bool)
-                                     and math.isfinite(rate) and 0 < rate <= 1):
+        if self.audio_position_rate is not None and not is_position_rate(self.audio_position_rate):
             raise InputError(f"audio_position_rate must be None or text tokens per audio code in (0, 1], got "
-                             f"{rate!r}")
+                             f"{self.audio_position_rate!r}")
 
     # ---- id ranges -------------------------------------------------------------------------------------
 

@@ -117,11 +117,9 @@ class TrainConfig:
         if self.loss_weighting not in WEIGHTINGS or self.loss_norm not in NORMALISERS:
             raise InputError(f"loss weighting must be one of {WEIGHTINGS} and normalisation one of {NORMALISERS}, "
                              f"got {self.loss_weighting!r} and {self.loss_norm!r}")
-        rate = self.audio_position_rate
-        if not (rate is None or rate == "auto" or (isinstance(rate, (int, float)) and not isinstance(rate, bool)
-                                                   and math.isfinite(rate) and 0 <= rate <= 1)):
+        if not (self.audio_position_rate is None or _position_rate_setting(self.audio_position_rate)):
             raise InputError(f"audio_position_rate must be 'auto', or text tokens per audio code in [0, 1] (0: "
-                             f"audio positions (i, i)), got {rate!r}")
+                             f"audio positions (i, i)), got {self.audio_position_rate!r}")
         self._check_critic()
 
     def _check_critic(self) -> None:
@@ -163,6 +161,13 @@ class TrainConfig:
     @property
     def autoregressive(self) -> bool:
         return self.objective == "ar"
+
+
+def _position_rate_setting(rate) -> bool:
+    """What ``--audio-position-rate`` may say: "auto", 0 (off) or a layout's rate (tokenizers_mm/layout.py)."""
+    from unimodal.tokenizers_mm.layout import is_position_rate
+
+    return rate == "auto" or (rate == 0 and not isinstance(rate, bool)) or is_position_rate(rate)
 
 
 def lr_factor(cfg: TrainConfig, step: int) -> float:
@@ -991,7 +996,7 @@ def _position_rate(text: str) -> float | str:
         rate = float(text)
     except ValueError:
         rate = None
-    if rate is None or not (math.isfinite(rate) and 0 <= rate <= 1):
+    if rate is None or not _position_rate_setting(rate):
         raise argparse.ArgumentTypeError(f"expected 'auto' or text tokens per audio code in [0, 1] (0: off), got "
                                          f"{text!r}")
     return rate
