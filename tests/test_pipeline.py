@@ -239,6 +239,57 @@ def test_joint_generation_and_unconditional(pipe):
     check_lengths(everything)
 
 
+def test_joint_text_first_is_the_caption_then_the_rest_guided_by_it(pipe, monkeypatch):
+    """Text first: the text is what a text-only request gives, and the other outputs are sampled with the inputs
+    and that text's own ids as conditions (guided by it); costs add up; ``together`` samples all in one loop."""
+    from unimodal import UniModal
+
+    stages = []
+    sample_prepared = UniModal._sample_prepared
+
+    def recording(self, ready, settings, progress):
+        stages.append([(list(item.targets), {m: c.tolist() for m, c in item.conditions.items()}) for item in ready])
+        return sample_prepared(self, ready, settings, progress)
+
+    monkeypatch.setattr(UniModal, "_sample_prepared", recording)
+    joint = pipe.generate(to="text,image,audio", seed=5, **FAST)
+    assert joint.settings["joint"] == "text_first" and joint.settings["to"] == ["text", "image", "audio"]
+    assert joint.settings["inputs"] == [] and joint.modalities == ("text", "image", "audio")
+    assert stages == [[(["text"], {})], [(["image", "audio"], {"text": joint.token_ids["text"]})]]
+    caption = pipe.generate(to="text", seed=5, **FAST)
+    assert joint.text == caption.text and joint.token_ids["text"] == caption.token_ids["text"]
+    assert joint.settings["text_stage"]["temperature"] == 0.5 == caption.settings["temperature"]  # from nothing
+    assert joint.settings["cfg"] == 3.0 and joint.settings["text_stage"]["cfg"] is None  # the rest is guided
+    assert joint.forward_passes == len(joint.settings["commits_per_step"]) > caption.forward_passes  # both stages
+    assert joint.settings["commits_per_step"][:caption.forward_passes] == caption.settings["commits_per_step"]
+    together = pipe.generate(to="text,image,audio", seed=5, joint="together", **FAST)
+    assert together.settings["joint"] == "together" and "text_stage" not in together.settings
+    assert together.modalities == ("text", "image", "audio")
+    # an input: the text is read from it (greedy, text's defaults), the speech follows the input and that text
+    read = pipe.generate(image=picture(), to=["text", "audio"], seed=1, **FAST)
+    alone = pipe.generate(image=picture(), to="text", seed=1, **FAST)
+    assert read.text == alone.text and read.settings["text_stage"]["temperature"] == 0.0
+    assert read.settings["inputs"] == ["image"]
+    # one output, or text given: nothing to order
+    assert "joint" not in pipe.generate(text="a red circle", to="image", **FAST).settings
+    assert pipe.generate(text="a red circle", to=["image", "audio"], **FAST).settings["joint"] == "text_first"
+    # batched = one by one, errors in place
+    batch = pipe.generate_batch([{"to": "text,image,audio", "seed": 5}, {"text": "", "to": "text,image"},
+                                 {"to": "text"}], errors="return", **FAST)
+    assert batch[0].token_ids == joint.token_ids and isinstance(batch[1], InputError)
+    assert batch[2].token_ids == pipe.generate(to="text", seed=2, **FAST).token_ids
+    with pytest.raises(SettingError, match="joint must be one of"):
+        pipe.generate(to="text,image", joint="caption_first")
+
+
+def test_unconditional_text_samples_so_seeds_differ(pipe):
+    """Text from nothing samples (greedy would write one caption for every seed); temperature given wins."""
+    drawn = {tuple(pipe.generate(to="text", seed=s, **FAST).token_ids["text"]) for s in range(4)}
+    assert len(drawn) > 1
+    greedy = {tuple(pipe.generate(to="text", seed=s, temperature=0, **FAST).token_ids["text"]) for s in range(3)}
+    assert len(greedy) == 1
+
+
 def test_length_caps_and_inputs_as_files(pipe, tmp_path):
     Image.fromarray(picture()).resize((100, 80)).save(tmp_path / "photo.png")
     sf.write(tmp_path / "clip.wav", speech(), 16_000)

@@ -64,6 +64,9 @@ def _add_sampling_flags(parser, temperature_default) -> None:
                         help="Gumbel noise on which slots are committed first, annealed to 0 (MaskGIT)")
     parser.add_argument("--block-length", type=int, default=None,
                         help="--mode semi_ar: slots per left-to-right block (--steps is then per block)")
+    parser.add_argument("--joint", default=None, choices=["text_first", "together"],
+                        help="outputs that include text and more (the joint direction): the caption first, then the "
+                             "rest guided by it (default), or all in one loop")
 
 
 def add_eval_command(sub) -> None:

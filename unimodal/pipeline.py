@@ -40,14 +40,15 @@ from unimodal.inference.ar import generate_autoregressive
 from unimodal.inference.sampler import Request, SampleResult, SamplerConfig
 from unimodal.inference.sampler import generate as sample
 from unimodal.inference.unmasking import SAMPLER_SETTINGS, TOKEN_SETTINGS
-from unimodal.inference.schedulers import MaskedDiffusionScheduler
+from unimodal.inference.schedulers import UNCONDITIONAL_TEXT_TEMPERATURE, MaskedDiffusionScheduler
 from unimodal.tokenizers_mm import CODECS, Codec, codec_from_parts, codec_parts, get_codec_class, load_codecs
 from unimodal.tokenizers_mm.audio import AudioCodec, AudioVQModel
 from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel
 from unimodal.tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
 from unimodal.tokenizers_mm.text import TextCodec
 from unimodal.tokenizers_mm.vocoder import MelVocoder
-from unimodal.checks import check_candidates, check_draws_differ, check_model_folder, check_not_both, check_to
+from unimodal.checks import (JOINT_ORDERS, check_candidates, check_draws_differ, check_model_folder, check_not_both,
+                             check_to)
 from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
 from unimodal.core.paths import resolve_model_dir
@@ -61,6 +62,10 @@ PIPELINE_INDEX = "model_index.json"
 TRAINING_CONFIG = "training_config.json"
 VOCABULARY_FILE = "vocabulary.json"  # the words the training captions used (unimodal.core.grammar.known_vocabulary)
 REQUEST_KEYS = ("text", "image", "audio", "to", "seed", "max_text_tokens", "max_audio_seconds")
+# How a request generating text and another modality is sampled (see UniModal.generate's ``joint``). Text first
+# was measured on the shipped model r7 (32 unconditional samples, the eval's joint judge): image, caption and
+# speech agree in 0.250 of them against 0.000 in one loop (docs/results.md, "Joint generation: the caption first").
+JOINT_DEFAULT = "text_first"
 
 
 class UniModal(DiffusionPipeline):
@@ -197,7 +202,8 @@ class UniModal(DiffusionPipeline):
                  temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                  cfg: float | Mapping[str, float] | None = None, seed: int | None = 0,
                  max_text_tokens: int | None = None, max_audio_seconds: float | None = None,
-                 progress: bool = False, candidates: int = 1, **settings) -> GenerationResult:
+                 progress: bool = False, candidates: int = 1, joint: str = JOINT_DEFAULT,
+                 **settings) -> GenerationResult:
         """Generate ``to`` (a modality, a list, or ``"image,audio"``) from the inputs given (none: unconditional).
 
         Inputs: ``text`` a string; ``image`` a PIL image, uint8 array or file path (resized to the codec's
@@ -209,6 +215,15 @@ class UniModal(DiffusionPipeline):
         ``max_text_tokens`` / ``max_audio_seconds`` cap the generated text / audio (default: the model's
         maximum). Extra ``settings``: ``schedule``, ``block_length``, ``block_mode``.
 
+        ``joint``: how a request that generates text *and* another modality (text not being an input) is sampled.
+        ``"text_first"`` (default): the text first, then the other outputs with the inputs and that text as
+        conditions (guided by it like any prompt), so the picture and the speech say what the caption says;
+        ``"together"``: every output in one sampling loop, none guided by the others. ``result.settings`` holds
+        ``joint`` and, for text first, ``text_stage`` (the caption's sampler settings and passes);
+        ``forward_passes`` counts both stages. A caption generated from nothing samples at temperature
+        :data:`~unimodal.inference.schedulers.UNCONDITIONAL_TEXT_TEMPERATURE` unless ``temperature`` is given
+        (greedy would write the same caption for every seed).
+
         ``candidates`` > 1: draw that many (seeds ``seed``, ``seed + 1``, ...; one batched sampler call) and return
         the one that agrees best with the inputs, read back by the same model (the prompt's log-probability when
         the model reads it from each output: :func:`unimodal.inference.critique.agreement_score`, one forward
@@ -218,7 +233,7 @@ class UniModal(DiffusionPipeline):
         request = dict(text=text, image=image, audio=audio, to=to, max_text_tokens=max_text_tokens,
                        max_audio_seconds=max_audio_seconds)
         sampling = dict(steps=steps, mode=mode, tau=tau, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
-                        **settings)
+                        joint=joint, **settings)
         if check_candidates(candidates) == 1:
             return self.generate_batch([request], seed=seed, progress=progress, **sampling)[0]
         return self._best_of(request, candidates, seed, progress, sampling)
@@ -254,22 +269,24 @@ class UniModal(DiffusionPipeline):
         """Whether two seeds can give different outputs for a request generating ``to`` with these sampling
         settings (:meth:`generate`'s keywords; None or missing: the defaults for ``to``). False when sampling is
         greedy (temperature 0, no choice noise: the default for text), where ``candidates`` > 1 is refused."""
+        settings = {k: v for k, v in settings.items() if k != "joint"}
         return self._sampler_config(settings, self.scheduler.target_kind(check_to(to))).random
 
     def generate_batch(self, requests: Sequence[Mapping], progress: bool = False, errors: str = "raise",
-                       **settings) -> list[GenerationResult | UnimodalError]:
+                       joint: str = JOINT_DEFAULT, **settings) -> list[GenerationResult | UnimodalError]:
         """Many requests in one batched sampler call; one :class:`GenerationResult` per request, in order.
 
         Each request is a dict with keys among ``text``, ``image``, ``audio`` (inputs), ``to``, ``seed``,
         ``max_text_tokens``, ``max_audio_seconds``; ``settings`` are :meth:`generate`'s sampling keywords,
-        shared by all. Request ``i`` without its own seed uses ``seed + i``, so ``generate_batch`` gives what
-        ``generate(seed=seed + i)`` gives one by one. Every request is checked and its inputs read before any
-        sampling starts. ``errors="raise"`` (default): the first bad request raises its error; ``"return"``:
-        a bad request's place in the list holds its error (a :class:`UnimodalError`) and the others their
-        results, the same results they would get without it.
+        shared by all (``joint`` as there). Request ``i`` without its own seed uses ``seed + i``, so
+        ``generate_batch`` gives what ``generate(seed=seed + i)`` gives one by one. Every request is checked and
+        its inputs read before any sampling starts. ``errors="raise"`` (default): the first bad request raises
+        its error; ``"return"``: a bad request's place in the list holds its error (a :class:`UnimodalError`) and
+        the others their results, the same results they would get without it.
         """
         if errors not in ("raise", "return"):
             raise InputError(f"errors must be 'raise' or 'return', got {errors!r}")
+        check_joint(joint)
         if isinstance(requests, Mapping) or not isinstance(requests, Sequence) or not requests:
             raise InputError("generate_batch takes a non-empty list of request dicts, e.g. "
                              "[{'text': 'a red circle', 'to': 'image'}]")
@@ -278,11 +295,35 @@ class UniModal(DiffusionPipeline):
             prepared = self._encode_inputs(self._prepare_all(requests, errors == "raise"), errors == "raise")
             ready = [item for item in prepared if isinstance(item, _Prepared)]
             results: list = list(prepared)  # errors stay in their place
-            for (kind, steps), group in self._groups(ready, settings).items():
-                config = dataclasses.replace(self._sampler_config(settings, kind), steps=steps)
-                for item, result in zip(group, self._decode(group, config, progress)):
-                    results[item.index] = result
+            for item in ready:
+                item.joint = joint if len(item.targets) > 1 else None
+            staged = [item for item in ready if joint == "text_first" and _text_first(item)]
+            captions = dict(zip((item.index for item in staged),
+                                self._sample_prepared([item.text_stage() for item in staged], settings, progress)))
+            for item in staged:
+                self._take_caption(item, captions[item.index])
+            for item, result in zip(ready, self._sample_prepared(ready, settings, progress)):
+                caption = captions.get(item.index)
+                results[item.index] = result if caption is None else _joined(item, caption, result)
             return results
+
+    def _sample_prepared(self, ready: list["_Prepared"], settings: Mapping, progress: bool) -> list[GenerationResult]:
+        """A result for each prepared request, in order: requests that can share a sampler call share one."""
+        results: dict[int, GenerationResult] = {}
+        for (kind, steps, free_text), group in self._groups(ready, settings).items():
+            config = dataclasses.replace(self._sampler_config(settings, kind), steps=steps)
+            if free_text and settings.get("temperature") is None:
+                config = dataclasses.replace(config, temperature=UNCONDITIONAL_TEXT_TEMPERATURE)
+            for item, result in zip(group, self._decode(group, config, progress)):
+                results[id(item)] = result
+        return [results[id(item)] for item in ready]
+
+    def _take_caption(self, item: "_Prepared", caption: GenerationResult) -> None:
+        """The second stage of a text-first request: the caption becomes a condition, text leaves the targets."""
+        item.targets = [m for m in item.targets if m != "text"]
+        item.target_segments = [s for s in item.target_segments if s.modality != "text"]
+        if caption.text and caption.text.strip():  # an empty caption conditions nothing
+            item.conditions["text"] = torch.tensor(caption.token_ids["text"], dtype=torch.long)  # its own ids
 
     def _prepare_all(self, requests: Sequence, raise_errors: bool) -> list:
         """Each request checked and its inputs read (files, tokens), or, when not raising, its error."""
@@ -300,7 +341,8 @@ class UniModal(DiffusionPipeline):
 
     def _groups(self, ready: list["_Prepared"], settings: Mapping) -> dict[tuple, list["_Prepared"]]:
         """Requests that can share one sampler call: the same per-target defaults and the same steps after
-        capping (so a request gets the same tokens alone or in any batch)."""
+        capping (so a request gets the same tokens alone or in any batch), text from nothing apart (its own
+        temperature)."""
         groups: dict[tuple, list[_Prepared]] = {}
         base_seed = settings.get("seed", 0)
         for item in ready:
@@ -308,7 +350,8 @@ class UniModal(DiffusionPipeline):
                 item.seed = base_seed + item.index  # as one call would give it, whatever the grouping
             kind = self.scheduler.target_kind(item.targets)
             steps = self._capped_steps(item, self._sampler_config(settings, kind), settings.get("steps") is not None)
-            groups.setdefault((kind, steps), []).append(item)
+            free_text = kind == "text" and not item.conditions
+            groups.setdefault((kind, steps, free_text), []).append(item)
         return groups
 
     def _capped_steps(self, item: "_Prepared", config: SamplerConfig, asked: bool) -> int:
@@ -549,6 +592,7 @@ class _Prepared:
 
     def __init__(self, index: int, where: str, targets: list[str]):
         self.index, self.where, self.targets = index, where, targets
+        self.joint: str | None = None  # how several outputs were sampled (None: one output)
         self.inputs: dict = {}
         self.conditions: dict[str, torch.Tensor] = {}
         self.target_segments: list = []
@@ -560,6 +604,48 @@ class _Prepared:
     def request(self) -> Request:
         conditions = [(m, self.conditions[m]) for m in MODALITIES if m in self.conditions]
         return Request(conditions, self.target_segments, seed=self.seed)
+
+    def text_stage(self) -> "_Prepared":
+        """The first stage of a text-first request: its text alone, from the same inputs and seed."""
+        stage = _Prepared(self.index, self.where, ["text"])
+        stage.inputs, stage.conditions, stage.native = self.inputs, dict(self.conditions), self.native
+        stage.target_segments = [s for s in self.target_segments if s.modality == "text"]
+        stage.seed = self.seed
+        return stage
+
+
+def check_joint(joint) -> str:
+    if joint not in JOINT_ORDERS:
+        raise SettingError(f"joint must be one of {JOINT_ORDERS} (text first, then the rest guided by it; or "
+                           f"every output in one loop), got {joint!r}")
+    return joint
+
+
+def _text_first(item: _Prepared) -> bool:
+    """Whether a request generates text and something else, text not being an input."""
+    return "text" in item.targets and len(item.targets) > 1
+
+
+def _joined(item: _Prepared, caption: GenerationResult, rest: GenerationResult) -> GenerationResult:
+    """One result from a text-first request's two stages: the caption's text, the rest's other outputs; costs
+    added (``commits_per_step``: the text stage's steps, then the rest's; ``guidance_passes`` of both); the
+    settings of the second stage (the defaults of its first output) with what the text stage used."""
+    settings = dict(rest.settings)
+    settings.update(to=[m for m in MODALITIES if m in ("text", *rest.token_ids)],
+                    commits_per_step=[*caption.settings["commits_per_step"], *rest.settings["commits_per_step"]],
+                    guidance_passes=caption.settings["guidance_passes"] + rest.settings["guidance_passes"],
+                    inputs=[m for m in MODALITIES if m in item.inputs], joint="text_first",
+                    text_stage={k: caption.settings.get(k) for k in (*TOKEN_SETTINGS, "guidance_passes")
+                                if k in caption.settings} | {"forward_passes": caption.forward_passes,
+                                                             "steps": caption.steps})
+    notes = [*caption.settings.get("notes", []), *rest.settings.get("notes", [])]
+    if notes:
+        settings["notes"] = notes
+    return dataclasses.replace(
+        rest, text=caption.text, token_ids={"text": caption.token_ids["text"], **rest.token_ids},
+        confidence={"text": caption.confidence["text"], **rest.confidence},
+        forward_passes=caption.forward_passes + rest.forward_passes, steps=caption.steps + rest.steps,
+        settings=settings)
 
 
 class _Stepping:
@@ -621,6 +707,8 @@ def _settings(config: SamplerConfig, item: _Prepared, result: SampleResult) -> d
     settings.update(seed=result.seed, guidance_passes=result.guidance_passes, to=list(item.targets),
                     inputs=[m for m in MODALITIES if m in item.conditions],
                     commits_per_step=list(result.commits_per_step))
+    if item.joint is not None:
+        settings["joint"] = item.joint
     if item.steps_requested is not None:
         settings["steps_requested"] = item.steps_requested
     if item.notes:
