@@ -233,10 +233,10 @@ SAMPLER_FIELDS = ("mode", "schedule", "steps", "tau", "temperature", "top_k", "t
 
 def effective_settings(results: Sequence) -> dict:
     """The sampler settings the outputs were generated with (the caller's, over the model's per-target
-    defaults), as the results report them; the same for every result of a direction. Several outputs add how
-    they were sampled (``joint``) and, text first, the caption's own settings (``text_stage``)."""
+    defaults), as the results report them; the same for every result of a direction; with whether the model
+    planned in words first (``plan``) and, if so, the text stage's own settings (``text_stage``)."""
     settings = (getattr(results[0], "settings", None) or {}) if results else {}
-    found = {k: settings[k] for k in (*SAMPLER_FIELDS, "joint") if k in settings}
+    found = {k: settings[k] for k in (*SAMPLER_FIELDS, "plan") if k in settings}
     if "text_stage" in settings:
         found["text_stage"] = {k: v for k, v in settings["text_stage"].items() if k in SAMPLER_FIELDS}
     return found

@@ -239,9 +239,9 @@ def test_joint_generation_and_unconditional(pipe):
     check_lengths(everything)
 
 
-def test_joint_text_first_is_the_caption_then_the_rest_guided_by_it(pipe, monkeypatch):
-    """Text first: the text is what a text-only request gives, and the other outputs are sampled with the inputs
-    and that text's own ids as conditions (guided by it); costs add up; ``together`` samples all in one loop."""
+def test_plan_in_text_writes_the_text_then_the_rest_guided_by_it(pipe, monkeypatch):
+    """plan="text": the text is what a text-only request gives, and the other outputs are sampled with the inputs
+    and that text's own ids as conditions (guided by it); costs add up; "none" samples from the inputs alone."""
     from unimodal import UniModal
 
     stages = []
@@ -253,33 +253,38 @@ def test_joint_text_first_is_the_caption_then_the_rest_guided_by_it(pipe, monkey
 
     monkeypatch.setattr(UniModal, "_sample_prepared", recording)
     joint = pipe.generate(to="text,image,audio", seed=5, **FAST)
-    assert joint.settings["joint"] == "text_first" and joint.settings["to"] == ["text", "image", "audio"]
+    assert joint.settings["plan"] == "text" and joint.settings["to"] == ["text", "image", "audio"]
     assert joint.settings["inputs"] == [] and joint.modalities == ("text", "image", "audio")
     assert stages == [[(["text"], {})], [(["image", "audio"], {"text": joint.token_ids["text"]})]]
     caption = pipe.generate(to="text", seed=5, **FAST)
     assert joint.text == caption.text and joint.token_ids["text"] == caption.token_ids["text"]
     assert joint.settings["text_stage"]["temperature"] == 0.5 == caption.settings["temperature"]  # from nothing
+    assert joint.settings["text_stage"]["text"] == joint.text
     assert joint.settings["cfg"] == 3.0 and joint.settings["text_stage"]["cfg"] is None  # the rest is guided
     assert joint.forward_passes == len(joint.settings["commits_per_step"]) > caption.forward_passes  # both stages
     assert joint.settings["commits_per_step"][:caption.forward_passes] == caption.settings["commits_per_step"]
-    together = pipe.generate(to="text,image,audio", seed=5, joint="together", **FAST)
-    assert together.settings["joint"] == "together" and "text_stage" not in together.settings
+    together = pipe.generate(to="text,image,audio", seed=5, plan="none", **FAST)
+    assert together.settings["plan"] == "none" and "text_stage" not in together.settings
     assert together.modalities == ("text", "image", "audio")
-    # an input: the text is read from it (greedy, text's defaults), the speech follows the input and that text
-    read = pipe.generate(image=picture(), to=["text", "audio"], seed=1, **FAST)
-    alone = pipe.generate(image=picture(), to="text", seed=1, **FAST)
-    assert read.text == alone.text and read.settings["text_stage"]["temperature"] == 0.0
-    assert read.settings["inputs"] == ["image"]
-    # one output, or text given: nothing to order
-    assert "joint" not in pipe.generate(text="a red circle", to="image", **FAST).settings
-    assert pipe.generate(text="a red circle", to=["image", "audio"], **FAST).settings["joint"] == "text_first"
+    # an input and no text output: the text is read from the input (greedy: text's defaults) and only guides
+    stages.clear()
+    heard = pipe.generate(audio=speech(), to="image", seed=1, **FAST)
+    read = pipe.generate(audio=speech(), to="text", seed=1, **FAST)
+    assert heard.modalities == ("image",) and set(heard.token_ids) == {"image"} and heard.text is None
+    assert heard.settings["text_stage"]["text"] == read.text and heard.settings["text_stage"]["temperature"] == 0.0
+    assert heard.settings["inputs"] == ["audio"] and heard.settings["to"] == ["image"]
+    assert [targets for (targets, _), in stages[:2]] == [["text"], ["image"]]
+    assert set(stages[1][0][1]) == {"audio", "text"} or not read.text.strip()
+    # text given, or text alone asked for: nothing to plan
+    assert pipe.generate(text="a red circle", to=["image", "audio"], **FAST).settings["plan"] == "none"
+    assert pipe.generate(image=picture(), to="text", **FAST).settings["plan"] == "none"
     # batched = one by one, errors in place
     batch = pipe.generate_batch([{"to": "text,image,audio", "seed": 5}, {"text": "", "to": "text,image"},
                                  {"to": "text"}], errors="return", **FAST)
     assert batch[0].token_ids == joint.token_ids and isinstance(batch[1], InputError)
     assert batch[2].token_ids == pipe.generate(to="text", seed=2, **FAST).token_ids
-    with pytest.raises(SettingError, match="joint must be one of"):
-        pipe.generate(to="text,image", joint="caption_first")
+    with pytest.raises(SettingError, match="plan must be one of"):
+        pipe.generate(to="text,image", plan="caption")
 
 
 def test_unconditional_text_samples_so_seeds_differ(pipe):

@@ -33,10 +33,10 @@ MODES = ("confidence", "threshold", "semi_ar")
 SCHEDULES = ("cosine", "linear")
 BLOCK_MODES = ("confidence", "threshold")
 INPUT_KEYS = MODALITIES
-JOINT_ORDERS = ("text_first", "together")  # UniModal.generate's ``joint``
+PLANS = ("text", "none")  # UniModal.generate's ``plan``
 SETTING_KEYS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "seed", "max_text_tokens",
                 "max_audio_seconds", "schedule", "block_length", "block_mode", "choice_temperature", "candidates",
-                "joint")
+                "plan")
 GENERATE_KEYS = INPUT_KEYS + ("to", "out") + SETTING_KEYS
 MAX_CANDIDATES = 64  # draws of one request kept to the best: more is a batch job, not a request
 # Reading the first pixels of an image bigger than this is already slow; nothing this model reads is near it.
@@ -241,7 +241,7 @@ _SETTING_CHECKS = {
     "mode": lambda v: _choice_setting("mode", v, MODES),
     "schedule": lambda v: _choice_setting("schedule", v, SCHEDULES),
     "block_mode": lambda v: _choice_setting("block_mode", v, BLOCK_MODES),
-    "joint": lambda v: _choice_setting("joint", v, JOINT_ORDERS),
+    "plan": lambda v: _choice_setting("plan", v, PLANS),
     "tau": lambda v: _real_setting("tau", v, "in (0, 1]", lambda x: 0 < x <= 1),
     "top_p": lambda v: _real_setting("top_p", v, "in (0, 1]", lambda x: 0 < x <= 1),
     "temperature": lambda v: _real_setting("temperature", v, ">= 0", lambda x: x >= 0),

@@ -64,9 +64,9 @@ def _add_sampling_flags(parser, temperature_default) -> None:
                         help="Gumbel noise on which slots are committed first, annealed to 0 (MaskGIT)")
     parser.add_argument("--block-length", type=int, default=None,
                         help="--mode semi_ar: slots per left-to-right block (--steps is then per block)")
-    parser.add_argument("--joint", default=None, choices=["text_first", "together"],
-                        help="outputs that include text and more (the joint direction): the caption first, then the "
-                             "rest guided by it (default), or all in one loop")
+    parser.add_argument("--plan", default=None, choices=["text", "none"],
+                        help="without a text input, the model writes its plan in words first, then the rest guided "
+                             "by it (text, the default), or generates from the inputs alone (none)")
 
 
 def add_eval_command(sub) -> None:

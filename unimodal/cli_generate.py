@@ -54,9 +54,10 @@ def add_generate_commands(sub) -> None:
     gen.add_argument("--max-audio-seconds", type=float, default=None)
     gen.add_argument("--candidates", type=int, default=None, help="draw this many and keep the one that agrees "
                      "best with the input, read back by the model (costs that many samplings; default 1)")
-    gen.add_argument("--joint", default=None, choices=["text_first", "together"],
-                     help="--to with text and more, text not given: the text first, then the rest guided by it "
-                          "(default), or all in one loop")
+    gen.add_argument("--plan", default=None, choices=["text", "none"],
+                     help="without --text, the model writes its plan in words first (read from the input, or the "
+                          "caption it is asked for), then the rest guided by it (text, the default); none: from "
+                          "the inputs alone")
     gen.add_argument("--json", action="store_true", help="print the result as JSON (with the saved file paths)")
     gen.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     gen.set_defaults(func=_cmd_generate)

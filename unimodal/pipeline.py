@@ -5,7 +5,7 @@
     result = pipe.generate(text="a small red circle on the left", to="image", seed=0)
     result.image.save("red.png")
     pipe.generate(image="photo.png", to="text").text
-    pipe.generate(text="a blue square", to=["image", "audio"])   # joint generation
+    pipe.generate(text="a blue square", to=["image", "audio"])   # several outputs
     pipe.generate(to=["text", "image", "audio"])                  # all three from nothing
     pipe.generate_batch([{"text": "a red circle", "to": "image"}, {"audio": "clip.wav", "to": "text"}])
 
@@ -47,7 +47,7 @@ from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel
 from unimodal.tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
 from unimodal.tokenizers_mm.text import TextCodec
 from unimodal.tokenizers_mm.vocoder import MelVocoder
-from unimodal.checks import (JOINT_ORDERS, check_candidates, check_draws_differ, check_model_folder, check_not_both,
+from unimodal.checks import (PLANS, check_candidates, check_draws_differ, check_model_folder, check_not_both,
                              check_to)
 from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
@@ -62,10 +62,10 @@ PIPELINE_INDEX = "model_index.json"
 TRAINING_CONFIG = "training_config.json"
 VOCABULARY_FILE = "vocabulary.json"  # the words the training captions used (unimodal.core.grammar.known_vocabulary)
 REQUEST_KEYS = ("text", "image", "audio", "to", "seed", "max_text_tokens", "max_audio_seconds")
-# How a request generating text and another modality is sampled (see UniModal.generate's ``joint``). Text first
-# was measured on the shipped model r7 (32 unconditional samples, the eval's joint judge): image, caption and
-# speech agree in 0.250 of them against 0.000 in one loop (docs/results.md, "Joint generation: the caption first").
-JOINT_DEFAULT = "text_first"
+# Whether a request without a text input plans in words first (see UniModal.generate's ``plan``). Measured on the
+# model r7 (docs/results.md, "Planning in words"): image, caption and speech from nothing agree in 0.219 of 64
+# samples against 0.000 in one loop; pictures drawn from speech are right 0.531 against 0.156 (64 test scenes).
+PLAN_DEFAULT = "text"
 
 
 class UniModal(DiffusionPipeline):
@@ -202,7 +202,7 @@ class UniModal(DiffusionPipeline):
                  temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                  cfg: float | Mapping[str, float] | None = None, seed: int | None = 0,
                  max_text_tokens: int | None = None, max_audio_seconds: float | None = None,
-                 progress: bool = False, candidates: int = 1, joint: str = JOINT_DEFAULT,
+                 progress: bool = False, candidates: int = 1, plan: str = PLAN_DEFAULT,
                  **settings) -> GenerationResult:
         """Generate ``to`` (a modality, a list, or ``"image,audio"``) from the inputs given (none: unconditional).
 
@@ -215,14 +215,15 @@ class UniModal(DiffusionPipeline):
         ``max_text_tokens`` / ``max_audio_seconds`` cap the generated text / audio (default: the model's
         maximum). Extra ``settings``: ``schedule``, ``block_length``, ``block_mode``.
 
-        ``joint``: how a request that generates text *and* another modality (text not being an input) is sampled.
-        ``"text_first"`` (default): the text first, then the other outputs with the inputs and that text as
-        conditions (guided by it like any prompt), so the picture and the speech say what the caption says;
-        ``"together"``: every output in one sampling loop, none guided by the others. ``result.settings`` holds
-        ``joint`` and, for text first, ``text_stage`` (the caption's sampler settings and passes);
-        ``forward_passes`` counts both stages. A caption generated from nothing samples at temperature
-        :data:`~unimodal.inference.schedulers.UNCONDITIONAL_TEXT_TEMPERATURE` unless ``temperature`` is given
-        (greedy would write the same caption for every seed).
+        ``plan``: ``"text"`` (default): a request without a text input puts its plan in words first. The model
+        writes the text (read from the inputs, with text's greedy defaults; or, with no input, sampled at
+        temperature :data:`~unimodal.inference.schedulers.UNCONDITIONAL_TEXT_TEMPERATURE`), then generates the
+        other outputs with the inputs and that text as conditions, guided by it like any prompt. When text is
+        an output it is that text (so a joint picture, caption and speech agree); otherwise it is only the plan,
+        reported in ``result.settings["text_stage"]["text"]`` (audio->image: the picture is drawn from the speech
+        and what the model heard in it). ``"none"``: every output from the inputs alone, in one loop.
+        ``result.settings`` says which ran (``plan``) and, planned, ``text_stage`` (the text's sampler settings,
+        passes and words); ``forward_passes`` counts both stages.
 
         ``candidates`` > 1: draw that many (seeds ``seed``, ``seed + 1``, ...; one batched sampler call) and return
         the one that agrees best with the inputs, read back by the same model (the prompt's log-probability when
@@ -233,7 +234,7 @@ class UniModal(DiffusionPipeline):
         request = dict(text=text, image=image, audio=audio, to=to, max_text_tokens=max_text_tokens,
                        max_audio_seconds=max_audio_seconds)
         sampling = dict(steps=steps, mode=mode, tau=tau, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
-                        joint=joint, **settings)
+                        plan=plan, **settings)
         if check_candidates(candidates) == 1:
             return self.generate_batch([request], seed=seed, progress=progress, **sampling)[0]
         return self._best_of(request, candidates, seed, progress, sampling)
@@ -269,16 +270,16 @@ class UniModal(DiffusionPipeline):
         """Whether two seeds can give different outputs for a request generating ``to`` with these sampling
         settings (:meth:`generate`'s keywords; None or missing: the defaults for ``to``). False when sampling is
         greedy (temperature 0, no choice noise: the default for text), where ``candidates`` > 1 is refused."""
-        settings = {k: v for k, v in settings.items() if k != "joint"}
+        settings = {k: v for k, v in settings.items() if k != "plan"}
         return self._sampler_config(settings, self.scheduler.target_kind(check_to(to))).random
 
     def generate_batch(self, requests: Sequence[Mapping], progress: bool = False, errors: str = "raise",
-                       joint: str = JOINT_DEFAULT, **settings) -> list[GenerationResult | UnimodalError]:
+                       plan: str = PLAN_DEFAULT, **settings) -> list[GenerationResult | UnimodalError]:
         """Many requests in one batched sampler call; one :class:`GenerationResult` per request, in order.
 
         Each request is a dict with keys among ``text``, ``image``, ``audio`` (inputs), ``to``, ``seed``,
         ``max_text_tokens``, ``max_audio_seconds``; ``settings`` are :meth:`generate`'s sampling keywords,
-        shared by all (``joint`` as there). Request ``i`` without its own seed uses ``seed + i``, so
+        shared by all (``plan`` as there). Request ``i`` without its own seed uses ``seed + i``, so
         ``generate_batch`` gives what ``generate(seed=seed + i)`` gives one by one. Every request is checked and
         its inputs read before any sampling starts. ``errors="raise"`` (default): the first bad request raises
         its error; ``"return"``: a bad request's place in the list holds its error (a :class:`UnimodalError`) and
@@ -286,7 +287,7 @@ class UniModal(DiffusionPipeline):
         """
         if errors not in ("raise", "return"):
             raise InputError(f"errors must be 'raise' or 'return', got {errors!r}")
-        check_joint(joint)
+        check_plan(plan)
         if isinstance(requests, Mapping) or not isinstance(requests, Sequence) or not requests:
             raise InputError("generate_batch takes a non-empty list of request dicts, e.g. "
                              "[{'text': 'a red circle', 'to': 'image'}]")
@@ -295,16 +296,14 @@ class UniModal(DiffusionPipeline):
             prepared = self._encode_inputs(self._prepare_all(requests, errors == "raise"), errors == "raise")
             ready = [item for item in prepared if isinstance(item, _Prepared)]
             results: list = list(prepared)  # errors stay in their place
-            for item in ready:
-                item.joint = joint if len(item.targets) > 1 else None
-            staged = [item for item in ready if joint == "text_first" and _text_first(item)]
-            captions = dict(zip((item.index for item in staged),
-                                self._sample_prepared([item.text_stage() for item in staged], settings, progress)))
+            staged = [item for item in ready if plan == "text" and _plans_in_text(item)]
+            stages = [item.text_stage(self.layout.target_segment("text")) for item in staged]
+            texts = dict(zip((item.index for item in staged), self._sample_prepared(stages, settings, progress)))
             for item in staged:
-                self._take_caption(item, captions[item.index])
+                self._take_text(item, texts[item.index])
             for item, result in zip(ready, self._sample_prepared(ready, settings, progress)):
-                caption = captions.get(item.index)
-                results[item.index] = result if caption is None else _joined(item, caption, result)
+                text = texts.get(item.index)
+                results[item.index] = result if text is None else _joined(item, text, result)
             return results
 
     def _sample_prepared(self, ready: list["_Prepared"], settings: Mapping, progress: bool) -> list[GenerationResult]:
@@ -318,12 +317,14 @@ class UniModal(DiffusionPipeline):
                 results[id(item)] = result
         return [results[id(item)] for item in ready]
 
-    def _take_caption(self, item: "_Prepared", caption: GenerationResult) -> None:
-        """The second stage of a text-first request: the caption becomes a condition, text leaves the targets."""
+    def _take_text(self, item: "_Prepared", text: GenerationResult) -> None:
+        """The second stage of a planned request: the text becomes a condition (its own ids), and leaves the
+        targets when it was one."""
+        item.text_was_target = "text" in item.targets
         item.targets = [m for m in item.targets if m != "text"]
         item.target_segments = [s for s in item.target_segments if s.modality != "text"]
-        if caption.text and caption.text.strip():  # an empty caption conditions nothing
-            item.conditions["text"] = torch.tensor(caption.token_ids["text"], dtype=torch.long)  # its own ids
+        if text.text and text.text.strip():  # an empty text conditions nothing
+            item.conditions["text"] = torch.tensor(text.token_ids["text"], dtype=torch.long)
 
     def _prepare_all(self, requests: Sequence, raise_errors: bool) -> list:
         """Each request checked and its inputs read (files, tokens), or, when not raising, its error."""
@@ -592,7 +593,7 @@ class _Prepared:
 
     def __init__(self, index: int, where: str, targets: list[str]):
         self.index, self.where, self.targets = index, where, targets
-        self.joint: str | None = None  # how several outputs were sampled (None: one output)
+        self.text_was_target = False  # a planned request: whether its text stage wrote one of its outputs
         self.inputs: dict = {}
         self.conditions: dict[str, torch.Tensor] = {}
         self.target_segments: list = []
@@ -605,47 +606,48 @@ class _Prepared:
         conditions = [(m, self.conditions[m]) for m in MODALITIES if m in self.conditions]
         return Request(conditions, self.target_segments, seed=self.seed)
 
-    def text_stage(self) -> "_Prepared":
-        """The first stage of a text-first request: its text alone, from the same inputs and seed."""
+    def text_stage(self, full_text) -> "_Prepared":
+        """The first stage of a planned request: its text alone (its own text target, else ``full_text``, a
+        whole text segment), from the same inputs and seed."""
         stage = _Prepared(self.index, self.where, ["text"])
         stage.inputs, stage.conditions, stage.native = self.inputs, dict(self.conditions), self.native
-        stage.target_segments = [s for s in self.target_segments if s.modality == "text"]
+        stage.target_segments = [s for s in self.target_segments if s.modality == "text"] or [full_text]
         stage.seed = self.seed
         return stage
 
 
-def check_joint(joint) -> str:
-    if joint not in JOINT_ORDERS:
-        raise SettingError(f"joint must be one of {JOINT_ORDERS} (text first, then the rest guided by it; or "
-                           f"every output in one loop), got {joint!r}")
-    return joint
+def check_plan(plan) -> str:
+    if plan not in PLANS:
+        raise SettingError(f"plan must be one of {PLANS} (the text first, then the rest guided by it; or every "
+                           f"output from the inputs alone), got {plan!r}")
+    return plan
 
 
-def _text_first(item: _Prepared) -> bool:
-    """Whether a request generates text and something else, text not being an input."""
-    return "text" in item.targets and len(item.targets) > 1
+def _plans_in_text(item: _Prepared) -> bool:
+    """Whether a request has a plan in words to write: no text input, and more to generate than text alone."""
+    return "text" not in item.conditions and item.targets != ["text"]
 
 
-def _joined(item: _Prepared, caption: GenerationResult, rest: GenerationResult) -> GenerationResult:
-    """One result from a text-first request's two stages: the caption's text, the rest's other outputs; costs
-    added (``commits_per_step``: the text stage's steps, then the rest's; ``guidance_passes`` of both); the
-    settings of the second stage (the defaults of its first output) with what the text stage used."""
+def _joined(item: _Prepared, text: GenerationResult, rest: GenerationResult) -> GenerationResult:
+    """One result from a planned request's two stages: the rest's outputs, and the text stage's text when it was
+    an output; costs added (``commits_per_step``: the text stage's steps, then the rest's; ``guidance_passes`` of
+    both); the settings of the second stage (the defaults of its first output) with what the text stage used."""
     settings = dict(rest.settings)
-    settings.update(to=[m for m in MODALITIES if m in ("text", *rest.token_ids)],
-                    commits_per_step=[*caption.settings["commits_per_step"], *rest.settings["commits_per_step"]],
-                    guidance_passes=caption.settings["guidance_passes"] + rest.settings["guidance_passes"],
-                    inputs=[m for m in MODALITIES if m in item.inputs], joint="text_first",
-                    text_stage={k: caption.settings.get(k) for k in (*TOKEN_SETTINGS, "guidance_passes")
-                                if k in caption.settings} | {"forward_passes": caption.forward_passes,
-                                                             "steps": caption.steps})
-    notes = [*caption.settings.get("notes", []), *rest.settings.get("notes", [])]
+    stage = {k: text.settings.get(k) for k in (*TOKEN_SETTINGS, "guidance_passes") if k in text.settings}
+    settings.update(commits_per_step=[*text.settings["commits_per_step"], *rest.settings["commits_per_step"]],
+                    guidance_passes=text.settings["guidance_passes"] + rest.settings["guidance_passes"],
+                    inputs=[m for m in MODALITIES if m in item.inputs], plan="text",
+                    text_stage=stage | {"forward_passes": text.forward_passes, "steps": text.steps, "text": text.text})
+    notes = [*text.settings.get("notes", []), *rest.settings.get("notes", [])]
     if notes:
         settings["notes"] = notes
-    return dataclasses.replace(
-        rest, text=caption.text, token_ids={"text": caption.token_ids["text"], **rest.token_ids},
-        confidence={"text": caption.confidence["text"], **rest.confidence},
-        forward_passes=caption.forward_passes + rest.forward_passes, steps=caption.steps + rest.steps,
-        settings=settings)
+    joined = dataclasses.replace(rest, forward_passes=text.forward_passes + rest.forward_passes,
+                                 steps=text.steps + rest.steps, settings=settings)
+    if item.text_was_target:
+        settings["to"] = [m for m in MODALITIES if m in ("text", *rest.token_ids)]
+        joined = dataclasses.replace(joined, text=text.text, token_ids={"text": text.token_ids["text"], **rest.token_ids},
+                                     confidence={"text": text.confidence["text"], **rest.confidence})
+    return joined
 
 
 class _Stepping:
@@ -707,8 +709,7 @@ def _settings(config: SamplerConfig, item: _Prepared, result: SampleResult) -> d
     settings.update(seed=result.seed, guidance_passes=result.guidance_passes, to=list(item.targets),
                     inputs=[m for m in MODALITIES if m in item.conditions],
                     commits_per_step=list(result.commits_per_step))
-    if item.joint is not None:
-        settings["joint"] = item.joint
+    settings["plan"] = "none"  # a planned request's two stages are joined with plan "text"
     if item.steps_requested is not None:
         settings["steps_requested"] = item.steps_requested
     if item.notes:
