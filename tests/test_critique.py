@@ -206,6 +206,26 @@ def test_a_draft_reads_its_inputs_as_conditions(pipe, image_result):
     assert torch.equal(torch.as_tensor(draft.conditions[0][1]), torch.as_tensor(pipe.text_codec.encode([PROMPT])[0]))
 
 
+def test_a_planned_result_is_read_with_the_words_it_was_generated_with(pipe):
+    """plan="text": a picture drawn from speech was generated with the speech and the words the model heard in
+    it; its draft has both as conditions (the words' own ids), unless the caller gives a text; refine runs on it."""
+    from unimodal.refine import draft_of
+
+    clip = speech()
+    heard = pipe.generate(audio=clip, to="image", seed=0, **FAST)
+    words = heard.settings["text_stage"]["token_ids"]
+    draft = draft_of(pipe, heard, {"audio": clip})
+    conditions = dict(draft.conditions)
+    assert list(conditions) == (["text", "audio"] if words else ["audio"])
+    if words:
+        assert conditions["text"].tolist() == words
+    assert [m for m, _ in draft_of(pipe, heard, {"audio": clip, "text": PROMPT}).conditions] == ["text", "audio"]
+    unplanned = pipe.generate(audio=clip, to="image", seed=0, plan="none", **FAST)
+    assert [m for m, _ in draft_of(pipe, unplanned, {"audio": clip}).conditions] == ["audio"]
+    fixed, trace = pipe.refine(heard, audio=clip, rounds=1, critic="random", fraction=0.3, **FAST)
+    assert fixed.modalities == ("image",) and trace["rounds"]
+
+
 @pytest.mark.parametrize("critic", ["confidence", "random"])
 def test_refine_never_changes_tokens_outside_the_chosen_regions(pipe, image_result, critic):
     fixed, trace = pipe.refine(image_result, text=PROMPT, rounds=3, critic=critic, fraction=0.3, threshold=1.0,
@@ -317,8 +337,12 @@ def test_refine_kept_by_agreement_plans_with_the_critic_and_counts_its_passes(pi
     assert set(_changed(image_result.token_ids, fixed.token_ids)["image"]) <= chosen
     with pytest.raises(InputError, match="evaluator must be one of"):
         pipe.refine(image_result, text=PROMPT, evaluator="vibes", **FAST)
-    with pytest.raises(InputError, match="no input"):
-        pipe.refine(pipe.generate(to="image", seed=0, **FAST), evaluator="agreement", **FAST)
+    with pytest.raises(InputError, match="no input"):  # a picture from nothing, drawn without a plan in words
+        pipe.refine(pipe.generate(to="image", seed=0, plan="none", **FAST), evaluator="agreement", **FAST)
+    planned = pipe.generate(to="image", seed=0, **FAST)  # drawn from the caption it wrote: that is its request
+    if planned.settings["text_stage"]["token_ids"]:
+        _, trace = pipe.refine(planned, rounds=1, evaluator="agreement", threshold=1.0, **FAST)
+        assert trace["evaluator"] == "agreement"
 
 
 def test_patience_retries_rounds_that_were_not_kept(pipe, image_result):

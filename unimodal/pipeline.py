@@ -223,7 +223,8 @@ class UniModal(DiffusionPipeline):
         reported in ``result.settings["text_stage"]["text"]`` (audio->image: the picture is drawn from the speech
         and what the model heard in it). ``"none"``: every output from the inputs alone, in one loop.
         ``result.settings`` says which ran (``plan``) and, planned, ``text_stage`` (the text's sampler settings,
-        passes and words); ``forward_passes`` counts both stages.
+        passes, words and token ids: critique and refine read the outputs with them); ``forward_passes`` counts
+        both stages.
 
         ``candidates`` > 1: draw that many (seeds ``seed``, ``seed + 1``, ...; one batched sampler call) and return
         the one that agrees best with the inputs, read back by the same model (the prompt's log-probability when
@@ -637,7 +638,8 @@ def _joined(item: _Prepared, text: GenerationResult, rest: GenerationResult) -> 
     settings.update(commits_per_step=[*text.settings["commits_per_step"], *rest.settings["commits_per_step"]],
                     guidance_passes=text.settings["guidance_passes"] + rest.settings["guidance_passes"],
                     inputs=[m for m in MODALITIES if m in item.inputs], plan="text",
-                    text_stage=stage | {"forward_passes": text.forward_passes, "steps": text.steps, "text": text.text})
+                    text_stage=stage | {"forward_passes": text.forward_passes, "steps": text.steps, "text": text.text,
+                                        "token_ids": text.token_ids["text"]})
     notes = [*text.settings.get("notes", []), *rest.settings.get("notes", [])]
     if notes:
         settings["notes"] = notes

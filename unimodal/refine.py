@@ -110,7 +110,9 @@ def _modality_of(content) -> str:
 
 
 def draft_of(pipe, result: GenerationResult, inputs: Mapping) -> Draft:
-    """The result's tokens as a draft, with the inputs (text / image / audio) encoded as its conditions."""
+    """The result's tokens as a draft, with the inputs (text / image / audio) encoded as its conditions. A result
+    the model planned in words (``plan="text"`` without a text output) also reads those words, as its outputs
+    were generated with them, unless the caller gives a text."""
     targets = [m for m in MODALITIES if m in result.token_ids]
     if not targets:
         raise InputError("this result holds no generated tokens to critique")
@@ -122,6 +124,9 @@ def draft_of(pipe, result: GenerationResult, inputs: Mapping) -> Draft:
     item = pipe._prepare({**given, "to": targets}, 0, False)
     pipe._read_inputs(item)  # the inputs read (text tokenized, image resized, audio resampled) ...
     item = pipe._encode_inputs([item])[0]  # ... then encoded: they are the draft's conditions
+    planned = ((result.settings or {}).get("text_stage") or {}).get("token_ids")
+    if planned and "text" not in given and "text" not in targets:  # the words the outputs were generated with
+        item.conditions["text"] = torch.tensor(planned, dtype=torch.long)
     conditions = [(m, item.conditions[m]) for m in MODALITIES if m in item.conditions]
     return make_draft(pipe.layout, conditions, {m: torch.tensor(result.token_ids[m]) for m in targets})
 
