@@ -213,7 +213,7 @@ def test_a_planned_result_is_read_with_the_words_it_was_generated_with(pipe):
 
     clip = speech()
     heard = pipe.generate(audio=clip, to="image", seed=0, **FAST)
-    words = heard.settings["text_stage"]["token_ids"]
+    words = heard.settings["text_stage"]["token_ids"] if heard.settings["text_stage"]["conditioned"] else []
     draft = draft_of(pipe, heard, {"audio": clip})
     conditions = dict(draft.conditions)
     assert list(conditions) == (["text", "audio"] if words else ["audio"])
@@ -340,7 +340,7 @@ def test_refine_kept_by_agreement_plans_with_the_critic_and_counts_its_passes(pi
     with pytest.raises(InputError, match="no input"):  # a picture from nothing, drawn without a plan in words
         pipe.refine(pipe.generate(to="image", seed=0, plan="none", **FAST), evaluator="agreement", **FAST)
     planned = pipe.generate(to="image", seed=0, **FAST)  # drawn from the caption it wrote: that is its request
-    if planned.settings["text_stage"]["token_ids"]:
+    if planned.settings["text_stage"]["conditioned"]:
         _, trace = pipe.refine(planned, rounds=1, evaluator="agreement", threshold=1.0, **FAST)
         assert trace["evaluator"] == "agreement"
 

@@ -256,7 +256,7 @@ def test_plan_in_text_writes_the_text_then_the_rest_guided_by_it(pipe, monkeypat
     assert joint.settings["plan"] == "text" and joint.settings["to"] == ["text", "image", "audio"]
     assert joint.settings["inputs"] == [] and joint.modalities == ("text", "image", "audio")
     assert stages == [[(["text"], {})], [(["image", "audio"], {"text": joint.token_ids["text"]})]]
-    caption = pipe.generate(to="text", seed=5, **FAST)
+    caption = pipe.generate(to="text", seed=5)  # the text stage takes text's defaults, not the outputs' steps=4
     assert joint.text == caption.text and joint.token_ids["text"] == caption.token_ids["text"]
     assert joint.settings["text_stage"]["temperature"] == 0.5 == caption.settings["temperature"]  # from nothing
     assert joint.settings["text_stage"]["text"] == joint.text
@@ -269,12 +269,16 @@ def test_plan_in_text_writes_the_text_then_the_rest_guided_by_it(pipe, monkeypat
     # an input and no text output: the text is read from the input (greedy: text's defaults) and only guides
     stages.clear()
     heard = pipe.generate(audio=speech(), to="image", seed=1, **FAST)
-    read = pipe.generate(audio=speech(), to="text", seed=1, **FAST)
+    read = pipe.generate(audio=speech(), to="text", seed=1)
     assert heard.modalities == ("image",) and set(heard.token_ids) == {"image"} and heard.text is None
     assert heard.settings["text_stage"]["text"] == read.text and heard.settings["text_stage"]["temperature"] == 0.0
     assert heard.settings["inputs"] == ["audio"] and heard.settings["to"] == ["image"]
     assert [targets for (targets, _), in stages[:2]] == [["text"], ["image"]]
     assert set(stages[1][0][1]) == {"audio", "text"} or not read.text.strip()
+    hot = pipe.generate(audio=speech(), to="image", seed=1, temperature=1.0, choice_temperature=2.0, **FAST)
+    assert hot.settings["text_stage"]["text"] == read.text and hot.settings["temperature"] == 1.0  # outputs' only
+    fresh = pipe.generate(to="text,image", seed=None, **FAST)  # one fresh seed for both stages: it reruns
+    assert pipe.generate(to="text,image", seed=fresh.settings["seed"], **FAST).token_ids == fresh.token_ids
     # text given, or text alone asked for: nothing to plan
     assert pipe.generate(text="a red circle", to=["image", "audio"], **FAST).settings["plan"] == "none"
     assert pipe.generate(image=picture(), to="text", **FAST).settings["plan"] == "none"
@@ -283,6 +287,8 @@ def test_plan_in_text_writes_the_text_then_the_rest_guided_by_it(pipe, monkeypat
                                  {"to": "text"}], errors="return", **FAST)
     assert batch[0].token_ids == joint.token_ids and isinstance(batch[1], InputError)
     assert batch[2].token_ids == pipe.generate(to="text", seed=2, **FAST).token_ids
+    first, second = (r.settings["seed"] for r in pipe.generate_batch([{"to": "image"}] * 2, seed=None, **FAST))
+    assert second == first + 1  # a fresh base seed, request i at base + i as with a given seed
     with pytest.raises(SettingError, match="plan must be one of"):
         pipe.generate(to="text,image", plan="caption")
 

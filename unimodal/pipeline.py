@@ -216,15 +216,16 @@ class UniModal(DiffusionPipeline):
         maximum). Extra ``settings``: ``schedule``, ``block_length``, ``block_mode``.
 
         ``plan``: ``"text"`` (default): a request without a text input puts its plan in words first. The model
-        writes the text (read from the inputs, with text's greedy defaults; or, with no input, sampled at
-        temperature :data:`~unimodal.inference.schedulers.UNCONDITIONAL_TEXT_TEMPERATURE`), then generates the
+        writes the text with text's own defaults whatever the other settings (read from the inputs greedily; or,
+        with no input, sampled at temperature :data:`~unimodal.inference.schedulers.UNCONDITIONAL_TEXT_TEMPERATURE`;
+        the sampling settings given are the other outputs', the seed is shared), then generates the
         other outputs with the inputs and that text as conditions, guided by it like any prompt. When text is
         an output it is that text (so a joint picture, caption and speech agree); otherwise it is only the plan,
         reported in ``result.settings["text_stage"]["text"]`` (audio->image: the picture is drawn from the speech
         and what the model heard in it). ``"none"``: every output from the inputs alone, in one loop.
         ``result.settings`` says which ran (``plan``) and, planned, ``text_stage`` (the text's sampler settings,
-        passes, words and token ids: critique and refine read the outputs with them); ``forward_passes`` counts
-        both stages.
+        passes, words, token ids and whether they were a condition: an empty text is not; critique and refine read
+        the outputs with them); ``forward_passes`` counts both stages.
 
         ``candidates`` > 1: draw that many (seeds ``seed``, ``seed + 1``, ...; one batched sampler call) and return
         the one that agrees best with the inputs, read back by the same model (the prompt's log-probability when
@@ -293,13 +294,16 @@ class UniModal(DiffusionPipeline):
             raise InputError("generate_batch takes a non-empty list of request dicts, e.g. "
                              "[{'text': 'a red circle', 'to': 'image'}]")
         self._sampler_config(settings)  # validates the settings before any input is read
+        if "seed" in settings and settings["seed"] is None:  # a fresh seed, drawn once: a planned request's two
+            settings = {**settings, "seed": fresh_seed()}  # stages share it, so the reported seed reruns both
         with self._lock:
             prepared = self._encode_inputs(self._prepare_all(requests, errors == "raise"), errors == "raise")
             ready = [item for item in prepared if isinstance(item, _Prepared)]
             results: list = list(prepared)  # errors stay in their place
             staged = [item for item in ready if plan == "text" and _plans_in_text(item)]
             stages = [item.text_stage(self.layout.target_segment("text")) for item in staged]
-            texts = dict(zip((item.index for item in staged), self._sample_prepared(stages, settings, progress)))
+            plan_settings = {"seed": settings.get("seed", 0)}  # text's own defaults: the settings are the outputs'
+            texts = dict(zip((item.index for item in staged), self._sample_prepared(stages, plan_settings, progress)))
             for item in staged:
                 self._take_text(item, texts[item.index])
             for item, result in zip(ready, self._sample_prepared(ready, settings, progress)):
@@ -370,7 +374,7 @@ class UniModal(DiffusionPipeline):
         slots_kind = "slots of a block" if config.mode == "semi_ar" else "slots to fill"
         message = (f"{item.where}steps={config.steps} is more than the {limit} {slots_kind}; capped to {limit} "
                    f"(result.settings['steps']; result.steps counts the model calls made)")
-        warnings.warn(message, StepsCappedWarning, stacklevel=4)
+        warnings.warn(message, StepsCappedWarning, stacklevel=5)
         item.notes.append(message)
         item.steps_requested = config.steps
         return limit
@@ -639,7 +643,8 @@ def _joined(item: _Prepared, text: GenerationResult, rest: GenerationResult) -> 
                     guidance_passes=text.settings["guidance_passes"] + rest.settings["guidance_passes"],
                     inputs=[m for m in MODALITIES if m in item.inputs], plan="text",
                     text_stage=stage | {"forward_passes": text.forward_passes, "steps": text.steps, "text": text.text,
-                                        "token_ids": text.token_ids["text"]})
+                                        "token_ids": text.token_ids["text"],
+                                        "conditioned": bool(text.text and text.text.strip())})
     notes = [*text.settings.get("notes", []), *rest.settings.get("notes", [])]
     if notes:
         settings["notes"] = notes

@@ -124,9 +124,9 @@ def draft_of(pipe, result: GenerationResult, inputs: Mapping) -> Draft:
     item = pipe._prepare({**given, "to": targets}, 0, False)
     pipe._read_inputs(item)  # the inputs read (text tokenized, image resized, audio resampled) ...
     item = pipe._encode_inputs([item])[0]  # ... then encoded: they are the draft's conditions
-    planned = ((result.settings or {}).get("text_stage") or {}).get("token_ids")
-    if planned and "text" not in given and "text" not in targets:  # the words the outputs were generated with
-        item.conditions["text"] = torch.tensor(planned, dtype=torch.long)
+    stage = (result.settings or {}).get("text_stage") or {}
+    if stage.get("conditioned") and "text" not in given and "text" not in targets:  # the words it was made with
+        item.conditions["text"] = torch.tensor(stage["token_ids"], dtype=torch.long)
     conditions = [(m, item.conditions[m]) for m in MODALITIES if m in item.conditions]
     return make_draft(pipe.layout, conditions, {m: torch.tensor(result.token_ids[m]) for m in targets})
 
