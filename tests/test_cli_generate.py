@@ -62,7 +62,9 @@ def test_generate_json_from_files_and_to_several_outputs(model_dir, tmp_path, ca
     assert code == 0 and result["modalities"] == ["text", "image"]
     assert set(result["files"]) == {"text", "image", "json"}
     assert all(os.path.isfile(path) for path in result["files"].values())
-    assert result["settings"]["guidance_passes"] == result["forward_passes"]
+    stage = result["settings"]["text_stage"]  # planned: the text first, unguided (text's defaults), then the picture
+    assert stage["guidance_passes"] == 0 and result["settings"]["cfg"] == 2
+    assert result["settings"]["guidance_passes"] == result["forward_passes"] - stage["forward_passes"]
 
     code, out, _ = run(capsys, "generate", "--model", model_dir, "--text", "a blue square", "--to", "image,audio",
                        "--out", tmp_path / "a.png", tmp_path / "a.wav", "--cfg", "text=2", *FAST)
