@@ -48,7 +48,7 @@ DEFAULT_TARGET_SETTINGS = {
 }
 # A caption from nothing (no input to read): greedy decoding writes the same caption for every seed, and the
 # image defaults (temperature 1, MaskGIT order) parse as a scene for about half of them; at 0.5 every one of 32
-# parsed, 27 distinct (the shipped model r7; docs/results.md, "Joint generation: the caption first").
+# parsed, 27 distinct (the shipped model r7; docs/results.md, "Planning in words").
 UNCONDITIONAL_TEXT_TEMPERATURE = 0.5
 TARGET_PRIORITY = ("image", "audio", "text")  # a joint request takes the defaults of its first target here
 _TARGET_KEYS = tuple(name for name in TOKEN_SETTINGS if name != "seed")  # what a modality's defaults may set

@@ -209,6 +209,14 @@ def check_draws_differ(candidates: int, differ: bool) -> None:
                            f"(e.g. 0.7) or choice_temperature > 0, or candidates=1")
 
 
+def check_plan(plan) -> str:
+    """UniModal.generate's ``plan``: one of :data:`PLANS` (the API, the CLI and the servers ask the same)."""
+    if plan not in PLANS:
+        raise SettingError(f"plan must be one of {PLANS} (the text first, then the rest guided by it; or every "
+                           f"output from the inputs alone), got {plan!r}")
+    return plan
+
+
 def _real_setting(name: str, value, accepted: str, ok) -> float:
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or not ok(value):
         raise SettingError(f"{name} must be a number {accepted}, got {value!r}")
@@ -241,7 +249,7 @@ _SETTING_CHECKS = {
     "mode": lambda v: _choice_setting("mode", v, MODES),
     "schedule": lambda v: _choice_setting("schedule", v, SCHEDULES),
     "block_mode": lambda v: _choice_setting("block_mode", v, BLOCK_MODES),
-    "plan": lambda v: _choice_setting("plan", v, PLANS),
+    "plan": check_plan,
     "tau": lambda v: _real_setting("tau", v, "in (0, 1]", lambda x: 0 < x <= 1),
     "top_p": lambda v: _real_setting("top_p", v, "in (0, 1]", lambda x: 0 < x <= 1),
     "temperature": lambda v: _real_setting("temperature", v, ">= 0", lambda x: x >= 0),

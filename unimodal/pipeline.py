@@ -47,7 +47,7 @@ from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel
 from unimodal.tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
 from unimodal.tokenizers_mm.text import TextCodec
 from unimodal.tokenizers_mm.vocoder import MelVocoder
-from unimodal.checks import (PLANS, check_candidates, check_draws_differ, check_model_folder, check_not_both,
+from unimodal.checks import (check_candidates, check_plan, check_draws_differ, check_model_folder, check_not_both,
                              check_to)
 from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
@@ -621,13 +621,6 @@ class _Prepared:
         return stage
 
 
-def check_plan(plan) -> str:
-    if plan not in PLANS:
-        raise SettingError(f"plan must be one of {PLANS} (the text first, then the rest guided by it; or every "
-                           f"output from the inputs alone), got {plan!r}")
-    return plan
-
-
 def _plans_in_text(item: _Prepared) -> bool:
     """Whether a request has a plan in words to write: no text input, and more to generate than text alone."""
     return "text" not in item.conditions and item.targets != ["text"]
@@ -648,10 +641,11 @@ def _joined(item: _Prepared, text: GenerationResult, rest: GenerationResult) -> 
     notes = [*text.settings.get("notes", []), *rest.settings.get("notes", [])]
     if notes:
         settings["notes"] = notes
+    if item.text_was_target:
+        settings["to"] = [m for m in MODALITIES if m in ("text", *rest.token_ids)]
     joined = dataclasses.replace(rest, forward_passes=text.forward_passes + rest.forward_passes,
                                  steps=text.steps + rest.steps, settings=settings)
     if item.text_was_target:
-        settings["to"] = [m for m in MODALITIES if m in ("text", *rest.token_ids)]
         joined = dataclasses.replace(joined, text=text.text, token_ids={"text": text.token_ids["text"], **rest.token_ids},
                                      confidence={"text": text.confidence["text"], **rest.confidence})
     return joined
