@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from unimodal.checks import SETTING_KEYS, check_settings
+from unimodal.checks import PLANS, SETTING_KEYS, check_settings
 from unimodal.core.errors import InputError
 
 def _settings(args) -> dict:
@@ -64,7 +64,7 @@ def _add_sampling_flags(parser, temperature_default) -> None:
                         help="Gumbel noise on which slots are committed first, annealed to 0 (MaskGIT)")
     parser.add_argument("--block-length", type=int, default=None,
                         help="--mode semi_ar: slots per left-to-right block (--steps is then per block)")
-    parser.add_argument("--plan", default=None, choices=["text", "none"],
+    parser.add_argument("--plan", default=None, choices=PLANS,
                         help="without a text input, the model writes its plan in words first, then the rest guided "
                              "by it (text, the default), or generates from the inputs alone (none)")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from unimodal.checks import PLANS
 from unimodal.cli_common import add_model_arguments, parse_cfg
 
 
@@ -54,7 +55,7 @@ def add_generate_commands(sub) -> None:
     gen.add_argument("--max-audio-seconds", type=float, default=None)
     gen.add_argument("--candidates", type=int, default=None, help="draw this many and keep the one that agrees "
                      "best with the input, read back by the model (costs that many samplings; default 1)")
-    gen.add_argument("--plan", default=None, choices=["text", "none"],
+    gen.add_argument("--plan", default=None, choices=PLANS,
                      help="without --text, the model writes its plan in words first (read from the input, or the "
                           "caption it is asked for), then the rest guided by it (text, the default); none: from "
                           "the inputs alone")
