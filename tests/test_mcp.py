@@ -102,7 +102,7 @@ def test_generate_is_listed_with_a_schema_for_every_argument(seen):
     assert set(properties) == expected
     assert all(properties[name].get("description") for name in expected)
     assert {"minimum": 1, "type": "integer"} in properties["steps"]["anyOf"]
-    assert {"enum": ["text", "none"], "type": "string"} in properties["plan"]["anyOf"]
+    assert {"enum": ["text", "text-only", "none"], "type": "string"} in properties["plan"]["anyOf"]
 
 
 def test_the_vocabulary_is_a_resource(seen):

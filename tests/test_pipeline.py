@@ -293,6 +293,43 @@ def test_plan_in_text_writes_the_text_then_the_rest_guided_by_it(pipe, monkeypat
         pipe.generate(to="text,image", plan="caption")
 
 
+def test_plan_text_only_samples_each_output_from_the_words_alone(pipe, monkeypatch):
+    """plan="text-only": the same text stage, then each other output its own request with the words as the only
+    condition (the input it was read from set aside); costs add up, the outputs and tokens are joined in order,
+    and critique reads such a result with the words alone."""
+    from unimodal import UniModal
+    from unimodal.refine import draft_of
+
+    stages = []
+    sample_prepared = UniModal._sample_prepared
+
+    def recording(self, ready, settings, progress):
+        stages.append([(list(item.targets), {m: c.tolist() for m, c in item.conditions.items()}) for item in ready])
+        return sample_prepared(self, ready, settings, progress)
+
+    monkeypatch.setattr(UniModal, "_sample_prepared", recording)
+    joint = pipe.generate(to="text,image,audio", seed=5, plan="text-only", **FAST)
+    words = {"text": joint.token_ids["text"]}
+    assert stages[0] == [(["text"], {})] and stages[1] == [(["image"], words), (["audio"], words)]
+    assert joint.settings["plan"] == "text-only" and joint.modalities == ("text", "image", "audio")
+    assert joint.settings["to"] == ["text", "image", "audio"] and list(joint.token_ids) == ["text", "image", "audio"]
+    planned = pipe.generate(to="text,image,audio", seed=5, **FAST)
+    assert joint.token_ids["text"] == planned.token_ids["text"]  # the same text stage
+    check_lengths(joint)
+    drawn = pipe.generate(to="text,image", seed=5, plan="text-only", **FAST)  # each output its own request
+    assert drawn.token_ids == {m: joint.token_ids[m] for m in ("text", "image")}
+    assert joint.forward_passes == len(joint.settings["commits_per_step"])
+    assert joint.forward_passes > drawn.forward_passes  # the speech is a third loop, after the text and the image
+    assert joint.settings["guidance_passes"] > drawn.settings["guidance_passes"] > 0
+    stages.clear()
+    heard = pipe.generate(audio=speech(), to="image", seed=1, plan="text-only", **FAST)
+    assert heard.settings["inputs"] == ["audio"] and heard.modalities == ("image",)
+    conditioned = heard.settings["text_stage"]["conditioned"]
+    assert set(stages[1][0][1]) == ({"text"} if conditioned else {"audio"})  # empty words: the input stays
+    draft = draft_of(pipe, heard, {"audio": speech()})  # critique and refine read it as it was made
+    assert [m for m, _ in draft.conditions] == (["text"] if conditioned else ["audio"])
+
+
 def test_unconditional_text_samples_so_seeds_differ(pipe):
     """Text from nothing samples (greedy would write one caption for every seed); temperature given wins."""
     drawn = {tuple(pipe.generate(to="text", seed=s, **FAST).token_ids["text"]) for s in range(4)}

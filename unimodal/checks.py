@@ -33,7 +33,7 @@ MODES = ("confidence", "threshold", "semi_ar")
 SCHEDULES = ("cosine", "linear")
 BLOCK_MODES = ("confidence", "threshold")
 INPUT_KEYS = MODALITIES
-PLANS = ("text", "none")  # UniModal.generate's ``plan``
+PLANS = ("text", "text-only", "none")  # UniModal.generate's ``plan``
 SETTING_KEYS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "seed", "max_text_tokens",
                 "max_audio_seconds", "schedule", "block_length", "block_mode", "choice_temperature", "candidates",
                 "plan")
@@ -212,8 +212,9 @@ def check_draws_differ(candidates: int, differ: bool) -> None:
 def check_plan(plan) -> str:
     """UniModal.generate's ``plan``: one of :data:`PLANS` (the API, the CLI and the servers ask the same)."""
     if plan not in PLANS:
-        raise SettingError(f"plan must be one of {PLANS} (the text first, then the rest guided by it; or every "
-                           f"output from the inputs alone), got {plan!r}")
+        raise SettingError(f"plan must be one of {PLANS} (the text first, then the rest guided by it and the inputs; "
+                           f"the text first, then each other output from it alone; or every output from the inputs "
+                           f"alone), got {plan!r}")
     return plan
 
 

@@ -222,7 +222,10 @@ class UniModal(DiffusionPipeline):
         other outputs with the inputs and that text as conditions, guided by it like any prompt. When text is
         an output it is that text (so a joint picture, caption and speech agree); otherwise it is only the plan,
         reported in ``result.settings["text_stage"]["text"]`` (audio->image: the picture is drawn from the speech
-        and what the model heard in it). ``"none"``: every output from the inputs alone, in one loop.
+        and what the model heard in it). ``"text-only"``: the same text first, then each other output in a loop of
+        its own with that text as its only condition (the inputs it was read from set aside; an empty text sets
+        nothing aside): every stage is then a direction the model was trained on (text->image, text->audio).
+        ``"none"``: every output from the inputs alone, in one loop.
         ``result.settings`` says which ran (``plan``) and, planned, ``text_stage`` (the text's sampler settings,
         passes, words, token ids and whether they were a condition: an empty text is not; critique and refine read
         the outputs with them); ``forward_passes`` counts both stages.
@@ -300,15 +303,20 @@ class UniModal(DiffusionPipeline):
             prepared = self._encode_inputs(self._prepare_all(requests, errors == "raise"), errors == "raise")
             ready = [item for item in prepared if isinstance(item, _Prepared)]
             results: list = list(prepared)  # errors stay in their place
-            staged = [item for item in ready if plan == "text" and _plans_in_text(item)]
+            staged = [item for item in ready if plan != "none" and _plans_in_text(item)]
             stages = [item.text_stage(self.layout.target_segment("text")) for item in staged]
             plan_settings = {"seed": settings.get("seed", 0)}  # text's own defaults: the settings are the outputs'
             texts = dict(zip((item.index for item in staged), self._sample_prepared(stages, plan_settings, progress)))
             for item in staged:
-                self._take_text(item, texts[item.index])
-            for item, result in zip(ready, self._sample_prepared(ready, settings, progress)):
+                self._take_text(item, texts[item.index], alone=plan == "text-only")
+            # plan "text-only": each output its own request, from the words alone (a trained text->X task)
+            parts = {item.index: item.split() if item.index in texts and plan == "text-only" else [item]
+                     for item in ready}
+            sampled = iter(self._sample_prepared([p for item in ready for p in parts[item.index]], settings, progress))
+            for item in ready:
+                result = _merged([next(sampled) for _ in parts[item.index]])
                 text = texts.get(item.index)
-                results[item.index] = result if text is None else _joined(item, text, result)
+                results[item.index] = result if text is None else _joined(item, text, result, plan)
             return results
 
     def _sample_prepared(self, ready: list["_Prepared"], settings: Mapping, progress: bool) -> list[GenerationResult]:
@@ -322,14 +330,15 @@ class UniModal(DiffusionPipeline):
                 results[id(item)] = result
         return [results[id(item)] for item in ready]
 
-    def _take_text(self, item: "_Prepared", text: GenerationResult) -> None:
-        """The second stage of a planned request: the text becomes a condition (its own ids), and leaves the
-        targets when it was one."""
+    def _take_text(self, item: "_Prepared", text: GenerationResult, alone: bool = False) -> None:
+        """The second stage of a planned request: the text becomes a condition (its own ids; ``alone``: the only
+        one, the inputs it was read from set aside), and leaves the targets when it was one."""
         item.text_was_target = "text" in item.targets
         item.targets = [m for m in item.targets if m != "text"]
         item.target_segments = [s for s in item.target_segments if s.modality != "text"]
-        if text.text and text.text.strip():  # an empty text conditions nothing
-            item.conditions["text"] = torch.tensor(text.token_ids["text"], dtype=torch.long)
+        if text.text and text.text.strip():  # an empty text conditions nothing (and sets no input aside)
+            words = torch.tensor(text.token_ids["text"], dtype=torch.long)
+            item.conditions = {"text": words} if alone else {**item.conditions, "text": words}
 
     def _prepare_all(self, requests: Sequence, raise_errors: bool) -> list:
         """Each request checked and its inputs read (files, tokens), or, when not raising, its error."""
@@ -611,6 +620,17 @@ class _Prepared:
         conditions = [(m, self.conditions[m]) for m in MODALITIES if m in self.conditions]
         return Request(conditions, self.target_segments, seed=self.seed)
 
+    def split(self) -> list["_Prepared"]:
+        """One request per target segment, with the same conditions and seed (plan "text-only")."""
+        parts = []
+        for segment in self.target_segments:
+            part = _Prepared(self.index, self.where, [segment.modality])
+            part.inputs, part.conditions, part.native = self.inputs, dict(self.conditions), self.native
+            part.target_segments, part.seed, part.notes = [segment], self.seed, list(self.notes)
+            part.steps_requested = self.steps_requested
+            parts.append(part)
+        return parts or [self]
+
     def text_stage(self, full_text) -> "_Prepared":
         """The first stage of a planned request: its text alone (its own text target, else ``full_text``, a
         whole text segment), from the same inputs and seed."""
@@ -626,7 +646,31 @@ def _plans_in_text(item: _Prepared) -> bool:
     return "text" not in item.conditions and item.targets != ["text"]
 
 
-def _joined(item: _Prepared, text: GenerationResult, rest: GenerationResult) -> GenerationResult:
+def _merged(parts: Sequence[GenerationResult]) -> GenerationResult:
+    """One result from the outputs of a request sampled one output at a time: their outputs and tokens, costs
+    added (``commits_per_step`` one after the other), the settings of the first (its output's defaults)."""
+    if len(parts) == 1:
+        return parts[0]
+    first, token_ids, confidence = parts[0], {}, {}
+    for part in parts:
+        token_ids.update(part.token_ids)
+        confidence.update(part.confidence)
+    settings = dict(first.settings)
+    settings.update(commits_per_step=[c for part in parts for c in part.settings["commits_per_step"]],
+                    guidance_passes=sum(part.settings["guidance_passes"] for part in parts),
+                    to=[m for m in MODALITIES if m in token_ids])
+    notes = [note for part in parts for note in part.settings.get("notes", [])]
+    if notes:
+        settings["notes"] = notes
+    pick = lambda name: next((getattr(p, name) for p in parts if getattr(p, name) is not None), None)  # noqa: E731
+    return dataclasses.replace(first, text=pick("text"), image=pick("image"), audio=pick("audio"),
+                               token_ids={m: token_ids[m] for m in MODALITIES if m in token_ids},
+                               confidence={m: confidence[m] for m in MODALITIES if m in confidence},
+                               forward_passes=sum(p.forward_passes for p in parts), steps=sum(p.steps for p in parts),
+                               settings=settings)
+
+
+def _joined(item: _Prepared, text: GenerationResult, rest: GenerationResult, plan: str = "text") -> GenerationResult:
     """One result from a planned request's two stages: the rest's outputs, and the text stage's text when it was
     an output; costs added (``commits_per_step``: the text stage's steps, then the rest's; ``guidance_passes`` of
     both); the settings of the second stage (the defaults of its first output) with what the text stage used."""
@@ -634,7 +678,7 @@ def _joined(item: _Prepared, text: GenerationResult, rest: GenerationResult) -> 
     stage = {k: text.settings.get(k) for k in (*TOKEN_SETTINGS, "guidance_passes") if k in text.settings}
     settings.update(commits_per_step=[*text.settings["commits_per_step"], *rest.settings["commits_per_step"]],
                     guidance_passes=text.settings["guidance_passes"] + rest.settings["guidance_passes"],
-                    inputs=[m for m in MODALITIES if m in item.inputs], plan="text",
+                    inputs=[m for m in MODALITIES if m in item.inputs], plan=plan,
                     text_stage=stage | {"forward_passes": text.forward_passes, "steps": text.steps, "text": text.text,
                                         "token_ids": text.token_ids["text"],
                                         "conditioned": bool(text.text and text.text.strip())})

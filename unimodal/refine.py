@@ -126,7 +126,9 @@ def draft_of(pipe, result: GenerationResult, inputs: Mapping) -> Draft:
     item = pipe._encode_inputs([item])[0]  # ... then encoded: they are the draft's conditions
     stage = (result.settings or {}).get("text_stage") or {}
     if stage.get("conditioned") and "text" not in given and "text" not in targets:  # the words it was made with
-        item.conditions["text"] = torch.tensor(stage["token_ids"], dtype=torch.long)
+        words = torch.tensor(stage["token_ids"], dtype=torch.long)
+        alone = result.settings.get("plan") == "text-only"  # then the outputs were made from the words alone
+        item.conditions = {"text": words} if alone else {**item.conditions, "text": words}
     conditions = [(m, item.conditions[m]) for m in MODALITIES if m in item.conditions]
     return make_draft(pipe.layout, conditions, {m: torch.tensor(result.token_ids[m]) for m in targets})
 
