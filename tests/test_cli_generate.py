@@ -70,7 +70,7 @@ def test_generate_json_from_files_and_to_several_outputs(model_dir, tmp_path, ca
                        "--out", tmp_path / "a.png", tmp_path / "a.wav", "--cfg", "text=2", *FAST)
     assert code == 0 and (tmp_path / "a.png").is_file() and (tmp_path / "a.wav").is_file()
 
-    for plan in ("text", "none"):  # --plan reaches the pipeline and the summary says which ran
+    for plan in ("text", "text-only", "none"):  # --plan reaches the pipeline and the summary says which ran
         code, out, _ = run(capsys, "generate", "--model", model_dir, "--to", "text,image", "--plan", plan,
                            "--out", tmp_path / plan, "--json", *FAST)
         assert code == 0 and json.loads(out)["settings"]["plan"] == plan

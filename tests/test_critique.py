@@ -212,7 +212,7 @@ def test_a_planned_result_is_read_with_the_words_it_was_generated_with(pipe):
     from unimodal.refine import draft_of
 
     clip = speech()
-    heard = pipe.generate(audio=clip, to="image", seed=0, **FAST)
+    heard = pipe.generate(audio=clip, to="image", seed=0, plan="text", **FAST)
     words = heard.settings["text_stage"]["token_ids"] if heard.settings["text_stage"]["conditioned"] else []
     draft = draft_of(pipe, heard, {"audio": clip})
     conditions = dict(draft.conditions)

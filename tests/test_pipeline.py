@@ -252,7 +252,7 @@ def test_plan_in_text_writes_the_text_then_the_rest_guided_by_it(pipe, monkeypat
         return sample_prepared(self, ready, settings, progress)
 
     monkeypatch.setattr(UniModal, "_sample_prepared", recording)
-    joint = pipe.generate(to="text,image,audio", seed=5, **FAST)
+    joint = pipe.generate(to="text,image,audio", seed=5, plan="text", **FAST)
     assert joint.settings["plan"] == "text" and joint.settings["to"] == ["text", "image", "audio"]
     assert joint.settings["inputs"] == [] and joint.modalities == ("text", "image", "audio")
     assert stages == [[(["text"], {})], [(["image", "audio"], {"text": joint.token_ids["text"]})]]
@@ -268,14 +268,15 @@ def test_plan_in_text_writes_the_text_then_the_rest_guided_by_it(pipe, monkeypat
     assert together.modalities == ("text", "image", "audio")
     # an input and no text output: the text is read from the input (greedy: text's defaults) and only guides
     stages.clear()
-    heard = pipe.generate(audio=speech(), to="image", seed=1, **FAST)
+    heard = pipe.generate(audio=speech(), to="image", seed=1, plan="text", **FAST)
     read = pipe.generate(audio=speech(), to="text", seed=1)
     assert heard.modalities == ("image",) and set(heard.token_ids) == {"image"} and heard.text is None
     assert heard.settings["text_stage"]["text"] == read.text and heard.settings["text_stage"]["temperature"] == 0.0
     assert heard.settings["inputs"] == ["audio"] and heard.settings["to"] == ["image"]
     assert [targets for (targets, _), in stages[:2]] == [["text"], ["image"]]
     assert set(stages[1][0][1]) == {"audio", "text"} or not read.text.strip()
-    hot = pipe.generate(audio=speech(), to="image", seed=1, temperature=1.0, choice_temperature=2.0, **FAST)
+    hot = pipe.generate(audio=speech(), to="image", seed=1, temperature=1.0, choice_temperature=2.0, plan="text",
+                       **FAST)
     assert hot.settings["text_stage"]["text"] == read.text and hot.settings["temperature"] == 1.0  # outputs' only
     fresh = pipe.generate(to="text,image", seed=None, **FAST)  # one fresh seed for both stages: it reruns
     assert pipe.generate(to="text,image", seed=fresh.settings["seed"], **FAST).token_ids == fresh.token_ids
@@ -284,7 +285,7 @@ def test_plan_in_text_writes_the_text_then_the_rest_guided_by_it(pipe, monkeypat
     assert pipe.generate(image=picture(), to="text", **FAST).settings["plan"] == "none"
     # batched = one by one, errors in place
     batch = pipe.generate_batch([{"to": "text,image,audio", "seed": 5}, {"text": "", "to": "text,image"},
-                                 {"to": "text"}], errors="return", **FAST)
+                                 {"to": "text"}], errors="return", plan="text", **FAST)
     assert batch[0].token_ids == joint.token_ids and isinstance(batch[1], InputError)
     assert batch[2].token_ids == pipe.generate(to="text", seed=2, **FAST).token_ids
     first, second = (r.settings["seed"] for r in pipe.generate_batch([{"to": "image"}] * 2, seed=None, **FAST))
@@ -313,8 +314,9 @@ def test_plan_text_only_samples_each_output_from_the_words_alone(pipe, monkeypat
     assert stages[0] == [(["text"], {})] and stages[1] == [(["image"], words), (["audio"], words)]
     assert joint.settings["plan"] == "text-only" and joint.modalities == ("text", "image", "audio")
     assert joint.settings["to"] == ["text", "image", "audio"] and list(joint.token_ids) == ["text", "image", "audio"]
-    planned = pipe.generate(to="text,image,audio", seed=5, **FAST)
+    planned = pipe.generate(to="text,image,audio", seed=5, plan="text", **FAST)
     assert joint.token_ids["text"] == planned.token_ids["text"]  # the same text stage
+    assert pipe.generate(to="text,image,audio", seed=5, **FAST).token_ids == joint.token_ids  # the default
     check_lengths(joint)
     drawn = pipe.generate(to="text,image", seed=5, plan="text-only", **FAST)  # each output its own request
     assert drawn.token_ids == {m: joint.token_ids[m] for m in ("text", "image")}

@@ -66,8 +66,8 @@ def _add_sampling_flags(parser, temperature_default) -> None:
                         help="--mode semi_ar: slots per left-to-right block (--steps is then per block)")
     parser.add_argument("--plan", default=None, choices=PLANS,
                         help="without a text input, the model writes its plan in words first, then the rest guided "
-                             "by it and the inputs (text, the default) or by it alone, one output at a time "
-                             "(text-only); or generates from the inputs alone (none)")
+                             "by it and the inputs (text) or by it alone, one output at a time (text-only, the "
+                             "default); or generates from the inputs alone (none)")
 
 
 def add_eval_command(sub) -> None:

@@ -57,8 +57,8 @@ def add_generate_commands(sub) -> None:
                      "best with the input, read back by the model (costs that many samplings; default 1)")
     gen.add_argument("--plan", default=None, choices=PLANS,
                      help="without --text, the model writes its plan in words first (read from the input, or the "
-                          "caption it is asked for), then the rest guided by it and the inputs (text, the default) "
-                          "or by it alone, one output at a time (text-only); none: from the inputs alone")
+                          "caption it is asked for), then the rest guided by it and the inputs (text) or by it "
+                          "alone, one output at a time (text-only, the default); none: from the inputs alone")
     gen.add_argument("--json", action="store_true", help="print the result as JSON (with the saved file paths)")
     gen.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     gen.set_defaults(func=_cmd_generate)

@@ -131,10 +131,9 @@ def generate_tool(runner: Runner):
             description="draw this many and keep the one that agrees best with the input, read back by the "
                         "model; needs temperature > 0 for text (greedy draws are all the same)")] = None,
         plan: Annotated[Literal["text", "text-only", "none"] | None, Field(
-            description="without a text input: text (default) has the model write its plan in words first (what "
-                        "it reads in the input, or the caption asked for), then the rest guided by it and the "
-                        "inputs; text-only: then each other output from those words alone; none generates from "
-                        "the inputs alone")] = None,
+            description="without a text input: the model writes its plan in words first (what it reads in the "
+                        "input, or the caption asked for), then text-only (default) draws each other output from "
+                        "those words alone, text from them and the inputs; none generates from the inputs alone")] = None,
     ) -> list:
         request = {key: value for key, value in locals().items() if key != "runner"}
         with _answering():

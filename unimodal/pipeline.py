@@ -62,10 +62,13 @@ PIPELINE_INDEX = "model_index.json"
 TRAINING_CONFIG = "training_config.json"
 VOCABULARY_FILE = "vocabulary.json"  # the words the training captions used (unimodal.core.grammar.known_vocabulary)
 REQUEST_KEYS = ("text", "image", "audio", "to", "seed", "max_text_tokens", "max_audio_seconds")
-# Whether a request without a text input plans in words first (see UniModal.generate's ``plan``). Measured on the
-# model r7 (docs/results.md, "Planning in words"): image, caption and speech from nothing agree in 0.219 of 64
-# samples against 0.000 in one loop; pictures drawn from speech are right 0.531 against 0.156 (64 test scenes).
-PLAN_DEFAULT = "text"
+# Whether a request without a text input plans in words first (see UniModal.generate's ``plan``), and how. Measured
+# on the model r7 (docs/results.md, "Planning in words"): image, caption and speech from nothing agree in 0.219 of
+# 64 samples against 0.000 in one loop; pictures drawn from speech are right 0.531 against 0.156 (64 test scenes).
+# On r9 each output drawn from the words alone ("text-only") draws spoken scenes right 0.775 against 0.705 with
+# the speech beside the words (200 test scenes, better beyond the 95% interval; the other two planned directions
+# level within the noise: docs/results.md, "r9").
+PLAN_DEFAULT = "text-only"
 
 
 class UniModal(DiffusionPipeline):
@@ -215,7 +218,7 @@ class UniModal(DiffusionPipeline):
         ``max_text_tokens`` / ``max_audio_seconds`` cap the generated text / audio (default: the model's
         maximum). Extra ``settings``: ``schedule``, ``block_length``, ``block_mode``.
 
-        ``plan``: ``"text"`` (default): a request without a text input puts its plan in words first. The model
+        ``plan``: ``"text"``: a request without a text input puts its plan in words first. The model
         writes the text with text's own defaults whatever the other settings (read from the inputs greedily; or,
         with no input, sampled at temperature :data:`~unimodal.inference.schedulers.UNCONDITIONAL_TEXT_TEMPERATURE`;
         the sampling settings given are the other outputs', the seed is shared), then generates the
@@ -224,7 +227,8 @@ class UniModal(DiffusionPipeline):
         reported in ``result.settings["text_stage"]["text"]`` (audio->image: the picture is drawn from the speech
         and what the model heard in it). ``"text-only"``: the same text first, then each other output in a loop of
         its own with that text as its only condition (the inputs it was read from set aside; an empty text sets
-        nothing aside): every stage is then a direction the model was trained on (text->image, text->audio).
+        nothing aside): every stage is then a direction the model was trained on (text->image, text->audio). The
+        default (:data:`PLAN_DEFAULT`).
         ``"none"``: every output from the inputs alone, in one loop.
         ``result.settings`` says which ran (``plan``) and, planned, ``text_stage`` (the text's sampler settings,
         passes, words, token ids and whether they were a condition: an empty text is not; critique and refine read
