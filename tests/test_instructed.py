@@ -305,7 +305,7 @@ def test_a_target_the_model_cannot_read_is_refused_before_the_edit(tiny_model_di
 
 
 def test_a_speech_edit_redoes_the_seconds_of_the_word(pipe):
-    clip = pipe.generate(text=PROMPT, to="audio", seed=0, max_audio_seconds=1.0, **FAST)
+    clip = pipe.generate(text=PROMPT, to="audio", seed=0, max_audio_seconds=1.0, temperature=1.0, **FAST)  # not empty
     edited, trace = pipe.edit(clip, instruction="say 'blue' instead of 'red'", text=PROMPT, **FAST)
     (region,) = trace["plan"]["regions"]
     duration = len(clip.token_ids["audio"]) / pipe.layout.audio_frame_rate

@@ -78,6 +78,8 @@ def test_scheduler_defaults_per_generated_modality(tmp_path):
     image, text = scheduler.sampler_config("image"), scheduler.sampler_config("text")
     assert (image.cfg, image.choice_temperature, image.temperature) == (3.0, 4.5, 1.0)
     assert (text.cfg, text.choice_temperature, text.temperature) == (None, 0.0, 0.0)
+    speech = scheduler.sampler_config("audio")
+    assert (speech.cfg, speech.choice_temperature, speech.temperature, speech.steps) == (3.0, 4.5, 0.7, 32)
     assert scheduler.sampler_config(["text", "image"]).cfg == 3.0  # a joint request: the image's defaults
     assert scheduler.sampler_config("image", cfg=1.5, temperature=0.0).cfg == 1.5  # the caller's settings win
     assert scheduler.sampler_config().cfg is None  # no target: the scheduler's own settings

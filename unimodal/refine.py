@@ -130,7 +130,7 @@ def draft_of(pipe, result: GenerationResult, inputs: Mapping) -> Draft:
         alone = result.settings.get("plan") == "text-only"  # then the outputs were made from the words alone
         item.conditions = {"text": words} if alone else {**item.conditions, "text": words}
     conditions = [(m, item.conditions[m]) for m in MODALITIES if m in item.conditions]
-    return make_draft(pipe.layout, conditions, {m: torch.tensor(result.token_ids[m]) for m in targets})
+    return make_draft(pipe.layout, conditions, {m: torch.tensor(result.token_ids[m], dtype=torch.long) for m in targets})
 
 
 def _decoded(pipe, token_ids: Mapping[str, list[int]], confidence: Mapping, passes: int,
