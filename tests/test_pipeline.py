@@ -241,9 +241,8 @@ def test_joint_generation_and_unconditional(pipe):
     check_lengths(everything)
 
 
-def test_plan_in_text_writes_the_text_then_the_rest_guided_by_it(pipe, monkeypatch):
-    """plan="text": the text is what a text-only request gives, and the other outputs are sampled with the inputs
-    and that text's own ids as conditions (guided by it); costs add up; "none" samples from the inputs alone."""
+def recorded_stages(monkeypatch) -> list:
+    """Each sampler call's requests from now on, as (targets, conditions' ids), one list per call."""
     from unimodal import UniModal
 
     stages = []
@@ -254,6 +253,13 @@ def test_plan_in_text_writes_the_text_then_the_rest_guided_by_it(pipe, monkeypat
         return sample_prepared(self, ready, settings, progress)
 
     monkeypatch.setattr(UniModal, "_sample_prepared", recording)
+    return stages
+
+
+def test_plan_in_text_writes_the_text_then_the_rest_guided_by_it(pipe, monkeypatch):
+    """plan="text": the text is what a text-only request gives, and the other outputs are sampled with the inputs
+    and that text's own ids as conditions (guided by it); costs add up; "none" samples from the inputs alone."""
+    stages = recorded_stages(monkeypatch)
     joint = pipe.generate(to="text,image,audio", seed=5, plan="text", **FAST)
     assert joint.settings["plan"] == "text" and joint.settings["to"] == ["text", "image", "audio"]
     assert joint.settings["inputs"] == [] and joint.modalities == ("text", "image", "audio")
@@ -300,17 +306,9 @@ def test_plan_text_only_samples_each_output_from_the_words_alone(pipe, monkeypat
     """plan="text-only": the same text stage, then each other output its own request with the words as the only
     condition (the input it was read from set aside); costs add up, the outputs and tokens are joined in order,
     and critique reads such a result with the words alone."""
-    from unimodal import UniModal
     from unimodal.refine import draft_of
 
-    stages = []
-    sample_prepared = UniModal._sample_prepared
-
-    def recording(self, ready, settings, progress):
-        stages.append([(list(item.targets), {m: c.tolist() for m, c in item.conditions.items()}) for item in ready])
-        return sample_prepared(self, ready, settings, progress)
-
-    monkeypatch.setattr(UniModal, "_sample_prepared", recording)
+    stages = recorded_stages(monkeypatch)
     joint = pipe.generate(to="text,image,audio", seed=5, plan="text-only", **FAST)
     words = {"text": joint.token_ids["text"]}
     assert stages[0] == [(["text"], {})] and stages[1] == [(["image"], words), (["audio"], words)]

@@ -628,26 +628,38 @@ class _Prepared:
         """One request per target segment, with the same conditions and seed (plan "text-only")."""
         parts = []
         for segment in self.target_segments:
-            part = _Prepared(self.index, self.where, [segment.modality])
-            part.inputs, part.conditions, part.native = self.inputs, dict(self.conditions), self.native
-            part.target_segments, part.seed, part.notes = [segment], self.seed, list(self.notes)
-            part.steps_requested = self.steps_requested
+            part = self._derived([segment])
+            part.notes, part.steps_requested = list(self.notes), self.steps_requested
             parts.append(part)
         return parts or [self]
 
     def text_stage(self, full_text) -> "_Prepared":
         """The first stage of a planned request: its text alone (its own text target, else ``full_text``, a
         whole text segment), from the same inputs and seed."""
-        stage = _Prepared(self.index, self.where, ["text"])
-        stage.inputs, stage.conditions, stage.native = self.inputs, dict(self.conditions), self.native
-        stage.target_segments = [s for s in self.target_segments if s.modality == "text"] or [full_text]
-        stage.seed = self.seed
-        return stage
+        return self._derived([s for s in self.target_segments if s.modality == "text"] or [full_text])
+
+    def _derived(self, segments) -> "_Prepared":
+        """A request of these target segments with this one's inputs, conditions and seed."""
+        derived = _Prepared(self.index, self.where, [s.modality for s in segments])
+        derived.inputs, derived.conditions, derived.native = self.inputs, dict(self.conditions), self.native
+        derived.target_segments, derived.seed = list(segments), self.seed
+        return derived
 
 
 def _plans_in_text(item: _Prepared) -> bool:
     """Whether a request has a plan in words to write: no text input, and more to generate than text alone."""
     return "text" not in item.conditions and item.targets != ["text"]
+
+
+def _summed(parts: Sequence[GenerationResult]) -> dict:
+    """The settings that add up over a request's loops, in the order they ran: ``commits_per_step`` one loop after
+    the other, ``guidance_passes`` added, ``notes`` joined (absent when none)."""
+    summed = {"commits_per_step": [c for part in parts for c in part.settings["commits_per_step"]],
+              "guidance_passes": sum(part.settings["guidance_passes"] for part in parts)}
+    notes = [note for part in parts for note in part.settings.get("notes", [])]
+    if notes:
+        summed["notes"] = notes
+    return summed
 
 
 def _merged(parts: Sequence[GenerationResult]) -> GenerationResult:
@@ -659,13 +671,7 @@ def _merged(parts: Sequence[GenerationResult]) -> GenerationResult:
     for part in parts:
         token_ids.update(part.token_ids)
         confidence.update(part.confidence)
-    settings = dict(first.settings)
-    settings.update(commits_per_step=[c for part in parts for c in part.settings["commits_per_step"]],
-                    guidance_passes=sum(part.settings["guidance_passes"] for part in parts),
-                    to=[m for m in MODALITIES if m in token_ids])
-    notes = [note for part in parts for note in part.settings.get("notes", [])]
-    if notes:
-        settings["notes"] = notes
+    settings = {**first.settings, **_summed(parts), "to": [m for m in MODALITIES if m in token_ids]}
     pick = lambda name: next((getattr(p, name) for p in parts if getattr(p, name) is not None), None)  # noqa: E731
     return dataclasses.replace(first, text=pick("text"), image=pick("image"), audio=pick("audio"),
                                token_ids={m: token_ids[m] for m in MODALITIES if m in token_ids},
@@ -680,15 +686,10 @@ def _joined(item: _Prepared, text: GenerationResult, rest: GenerationResult, pla
     both); the settings of the second stage (the defaults of its first output) with what the text stage used."""
     settings = dict(rest.settings)
     stage = {k: text.settings.get(k) for k in (*TOKEN_SETTINGS, "guidance_passes") if k in text.settings}
-    settings.update(commits_per_step=[*text.settings["commits_per_step"], *rest.settings["commits_per_step"]],
-                    guidance_passes=text.settings["guidance_passes"] + rest.settings["guidance_passes"],
-                    inputs=[m for m in MODALITIES if m in item.inputs], plan=plan,
+    settings.update(_summed([text, rest]), inputs=[m for m in MODALITIES if m in item.inputs], plan=plan,
                     text_stage=stage | {"forward_passes": text.forward_passes, "steps": text.steps, "text": text.text,
                                         "token_ids": text.token_ids["text"],
                                         "conditioned": bool(text.text and text.text.strip())})
-    notes = [*text.settings.get("notes", []), *rest.settings.get("notes", [])]
-    if notes:
-        settings["notes"] = notes
     if item.text_was_target:
         settings["to"] = [m for m in MODALITIES if m in ("text", *rest.token_ids)]
     joined = dataclasses.replace(rest, forward_passes=text.forward_passes + rest.forward_passes,
