@@ -120,6 +120,38 @@ def test_digits_split_is_disjoint_and_complete(tmp_path):
         build("digits", n=5000, out=tmp_path / "too-many", progress=False)
 
 
+def test_pair_fraction_sets_the_share_of_two_object_scenes(tmp_path, monkeypatch):
+    monkeypatch.setenv("UNIMODAL_CACHE", str(tmp_path / "cache"))
+    out = build("scenes", n=30, seed=0, speech=False, progress=False, pair_fraction=1.0)
+    assert out.name == "scenes-n30-seed0-pairs1"  # the default folder says it; the default set's name is free
+    assert json.loads((out / "info.json").read_text())["pair_fraction"] == 1.0
+    for split in ("train", "test", "heldout"):
+        assert all(len(s.meta["attributes"]["objects"]) == 2 for s in BuiltDataset(out, split))
+    singles = build("scenes", n=30, seed=0, speech=False, progress=False, pair_fraction=0.0, out=tmp_path / "one")
+    assert all(len(s.meta["attributes"]["objects"]) == 1 for s in BuiltDataset(singles, "train"))
+    # the default share, asked for by name, is the default set, byte for byte (same folder name, same samples)
+    default = build("scenes", n=30, seed=0, speech=False, progress=False)
+    named = build("scenes", n=30, seed=0, speech=False, progress=False, pair_fraction=0.4, out=tmp_path / "named")
+    assert default.name == "scenes-n30-seed0"
+    assert json.loads((default / "info.json").read_text())["pair_fraction"] == 0.4
+    for path in sorted(p for p in default.rglob("*") if p.is_file()):
+        assert path.read_bytes() == (named / path.relative_to(default)).read_bytes(), path.name
+
+
+@pytest.mark.parametrize("value", [1.5, -0.1, "half", True])
+def test_pair_fraction_refused_before_building(value, tmp_path):
+    with pytest.raises(InputError, match="pair-fraction"):
+        build("scenes", n=30, out=tmp_path / "x", progress=False, pair_fraction=value)
+    assert not (tmp_path / "x").exists()
+
+
+def test_pair_fraction_of_digits_is_refused(tmp_path, capsys):
+    with pytest.raises(InputError, match="no pairs"):
+        build("digits", n=30, out=tmp_path / "d", progress=False, pair_fraction=0.5)
+    assert cli_main(["data", "build", "digits", "--n", "30", "--pair-fraction", "0.5", "--out", str(tmp_path / "d")]) != 0
+    assert "no pairs" in capsys.readouterr().err and not (tmp_path / "d").exists()
+
+
 def test_unknown_dataset_and_split(tiny_scenes, tmp_path):
     with pytest.raises(InputError, match="scenes"):
         build("imagenet", n=100, out=tmp_path / "x")

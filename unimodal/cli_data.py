@@ -9,7 +9,8 @@ import sys
 def _cmd_data_build(args) -> int:
     from unimodal.training.data.build import build
 
-    out = build(args.name, n=args.n, seed=args.seed, out=args.out, speech=not args.no_speech)
+    out = build(args.name, n=args.n, seed=args.seed, out=args.out, speech=not args.no_speech,
+                pair_fraction=args.pair_fraction)
     print(out)
     return 0
 
@@ -56,6 +57,8 @@ def add_data_commands(sub) -> None:
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--out", default=None, help="output folder (default: ~/.cache/unimodal/data/NAME-nN-seedS)")
     build.add_argument("--no-speech", action="store_true", help="skip the spoken captions")
+    build.add_argument("--pair-fraction", type=float, default=None, help="scenes: the share of two-object scenes "
+                       "(default 0.4); the default folder then ends in -pairsF")
     build.set_defaults(func=_cmd_data_build)
     info = data.add_parser("info", help="print a built data set's info.json")
     info.add_argument("dir")

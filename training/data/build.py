@@ -22,12 +22,14 @@ def scene_split_sizes(n: int) -> dict[str, int]:
     return {"train": n_train, "val": n_val, "test": n - n_train - n_val, "heldout": max(1, n // 10)}
 
 
-def _build_scenes(n: int, seed: int, speech: bool, bar: tqdm) -> dict[str, list[Sample]]:
+def _build_scenes(n: int, seed: int, speech: bool, bar: tqdm,
+                  pair_fraction: float = scenes.PAIR_FRACTION) -> dict[str, list[Sample]]:
     splits = {}
     for split, count in scene_split_sizes(n).items():
         samples = []
         for i in range(count):
-            samples.append(scenes.make_sample(seed, SCENE_SPLIT_IDS[split], i, heldout=split == "heldout", speech=speech))
+            samples.append(scenes.make_sample(seed, SCENE_SPLIT_IDS[split], i, heldout=split == "heldout", speech=speech,
+                                              pair_fraction=pair_fraction))
             bar.update(1)
         splits[split] = samples
     return splits
@@ -57,9 +59,27 @@ def _total(name: str, n: int) -> int:
     return min(n, digits.NUM_DIGITS)
 
 
+def check_pair_fraction(name: str, pair_fraction) -> float | None:
+    """``pair_fraction`` as :func:`build` takes it: None (the data set's default), or for scenes a number from 0 to
+    1; an :class:`InputError` naming it otherwise."""
+    if pair_fraction is None:
+        return None
+    if name != "scenes":
+        raise InputError(f"--pair-fraction is the share of two-object scenes; {name!r} has no pairs (leave it out)")
+    if isinstance(pair_fraction, bool) or not isinstance(pair_fraction, (int, float)) or not 0 <= pair_fraction <= 1:
+        raise InputError(f"--pair-fraction must be a number from 0 to 1 (the share of two-object scenes; default "
+                         f"{scenes.PAIR_FRACTION}), got {pair_fraction!r}")
+    return float(pair_fraction)
+
+
 def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None = None, speech: bool = True,
-          progress: bool = True) -> Path:
+          progress: bool = True, pair_fraction: float | None = None) -> Path:
     """Build data set ``name`` with ``n`` samples into ``out`` (default: the cache) and return the folder.
+
+    ``pair_fraction`` (scenes only): the share of two-object scenes in every split (default
+    :data:`scenes.PAIR_FRACTION`); the default folder then says it (``scenes-n10000-seed4-pairs0.7``). One-object
+    scenes are the easy ones (the shipped model draws and reads nearly all of them), so a set with more pairs
+    spends a training run where its errors are. ``unimodal eval`` judges on its own fixed cases, not on this set.
 
     The build happens in a staging folder and is moved into place only when complete, so an interrupted
     build never leaves a half-written data set behind.
@@ -67,6 +87,7 @@ def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None
     if name not in BUILDERS:
         raise InputError(f"unknown data set {name!r}; the embedded ones are {sorted(BUILDERS)} "
                          f"(your own data: a JSONL manifest, see unimodal.training.data.folder)")
+    pair_fraction = check_pair_fraction(name, pair_fraction)
     n = DEFAULT_N[name] if n is None else n
     if not isinstance(n, int) or n < 10:
         raise InputError(f"--n must be an integer >= 10, got {n!r}")
@@ -77,16 +98,21 @@ def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None
         from unimodal.core.paths import data_dir
 
         out = data_dir(name, n, seed)
+        if pair_fraction is not None and pair_fraction != scenes.PAIR_FRACTION:
+            out = out.with_name(f"{out.name}-pairs{pair_fraction:g}")
     out = Path(out)
     tmp = staging_dir(out)
     try:
         with tqdm(total=_total(name, n), desc=_bar_label(name, n), unit="sample", disable=not progress) as bar:
-            splits = BUILDERS[name](n, seed, speech, bar)
+            options = {"pair_fraction": pair_fraction} if pair_fraction is not None else {}
+            splits = BUILDERS[name](n, seed, speech, bar, **options)
         for split, samples in splits.items():
             write_split(tmp, split, samples)
         write_info(tmp, {"name": name, "n": n, "seed": seed, "speech": speech, "sample_rate": SAMPLE_RATE,
                          "image_size": IMAGE_SIZE, "splits": {s: len(v) for s, v in splits.items()},
-                         **({"heldout_pairs": sorted(map(list, scenes.HELDOUT_PAIRS))} if name == "scenes" else {})})
+                         **({"heldout_pairs": sorted(map(list, scenes.HELDOUT_PAIRS)),
+                             "pair_fraction": scenes.PAIR_FRACTION if pair_fraction is None else pair_fraction}
+                            if name == "scenes" else {})})
         publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -16,7 +16,7 @@ from unimodal.training.data.store import Sample
 from unimodal.core.grammar import COLORS, IMAGE_SIZE, PAIR_TEMPLATES, POSITIONS, RELATIONS, SHAPES, SINGLE_TEMPLATES, SIZES, scene_caption
 
 HELDOUT_PAIRS = frozenset({("red", "triangle"), ("green", "circle"), ("blue", "cross"), ("yellow", "square")})
-PAIR_FRACTION = 0.4  # share of scenes with two objects
+PAIR_FRACTION = 0.4  # share of scenes with two objects (the default; ``unimodal data build --pair-fraction``)
 SUPERSAMPLE = 4  # draw at 4x and box-filter down: smooth, deterministic edges
 POSITION_JITTER = 2  # pixels around a single object's anchor
 PAIR_OFFSET = 17  # distance of each object of a pair from the canvas centre along the relation axis
@@ -34,10 +34,11 @@ def _is_heldout(obj: dict) -> bool:
     return (obj["color"], obj["shape"]) in HELDOUT_PAIRS
 
 
-def sample_attributes(rng: np.random.Generator, heldout: bool) -> dict:
-    """Draw scene attributes; with ``heldout`` the scene uses a held-out pair, else it uses none."""
+def sample_attributes(rng: np.random.Generator, heldout: bool, pair_fraction: float = PAIR_FRACTION) -> dict:
+    """Draw scene attributes; with ``heldout`` the scene uses a held-out pair, else it uses none.
+    ``pair_fraction``: the chance of two objects (the same random stream whatever it is)."""
     while True:
-        if rng.random() < PAIR_FRACTION:
+        if rng.random() < pair_fraction:
             a, b = _random_object(rng), _random_object(rng)
             if a["color"] == b["color"]:
                 continue  # two objects always differ in colour, so each is identifiable
@@ -104,10 +105,11 @@ def render_scene(attrs: dict, rng: np.random.Generator) -> tuple[np.ndarray, lis
     return np.asarray(canvas.reduce(s)), centres
 
 
-def make_sample(seed: int, split_id: int, index: int, heldout: bool, speech: bool = True) -> Sample:
+def make_sample(seed: int, split_id: int, index: int, heldout: bool, speech: bool = True,
+                pair_fraction: float = PAIR_FRACTION) -> Sample:
     """The ``index``-th sample of a split: a pure function of its arguments."""
     rng = np.random.default_rng([seed, split_id, index])
-    attrs = sample_attributes(rng, heldout)
+    attrs = sample_attributes(rng, heldout, pair_fraction)
     image, centres = render_scene(attrs, rng)
     n_templates = len(SINGLE_TEMPLATES) if len(attrs["objects"]) == 1 else len(PAIR_TEMPLATES)
     template = int(rng.integers(n_templates))
