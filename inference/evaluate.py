@@ -162,7 +162,7 @@ def candidates_used(pipe, direction: str, settings: Mapping) -> int:
     candidates = settings.get("candidates") or 1
     if candidates == 1 or direction == "joint":
         return 1
-    sampling = {k: v for k, v in settings.items() if k != "candidates"}
+    sampling = {k: v for k, v in settings.items() if k not in ("candidates", "accept_confidence")}
     return candidates if pipe.draws_differ(list(parse_direction(direction)[1]), **sampling) else 1
 
 
@@ -176,6 +176,9 @@ def generate_direction(pipe, direction: str, cases: Sequence[EvalCase], settings
 
     settings = dict(settings)
     candidates = settings.pop("candidates", None) or 1
+    accept = settings.pop("accept_confidence", None)  # the first draw kept when the model is sure of it
+    if candidates > 1 and accept is not None:
+        settings["accept_confidence"] = accept
     requests = eval_requests(direction, cases, seed)
     results, start = [], time.perf_counter()
     if candidates > 1:
@@ -318,6 +321,8 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
         figures[direction] = summarize(direction, usable, results, scores, wall)
         if (settings.get("candidates") or 1) > 1:
             figures[direction]["candidates"] = candidates
+            drawn = [(r.settings.get("candidates") or {}).get("drawn", 1) for r in results]
+            figures[direction]["drawn_per_case"] = sum(drawn) / max(len(drawn), 1)
         samples[direction] = (usable, results, scores)
         if on_direction is not None:
             on_direction(direction, figures[direction])

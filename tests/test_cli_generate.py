@@ -45,6 +45,14 @@ def test_generate_candidates_keeps_the_best_read_back(model_dir, tmp_path, capsy
     code, _, err = run(capsys, "generate", "--model", model_dir, "--text", "a red circle", "--candidates", "0",
                        "--out", tmp_path / "x.png")
     assert code == 2 and "candidates must be an int from 1 to 64" in err
+    code, out, err = run(capsys, "generate", "--model", model_dir, "--text", "a red circle", "--to", "image",
+                         "--steps", "2", "--candidates", "2", "--accept-confidence", "-1000", "--out",
+                         tmp_path / "sure.png", "--json", "--quiet")
+    assert code == 0, err
+    assert json.loads(out)["settings"]["candidates"]["drawn"] == 1 and (tmp_path / "sure.png").is_file()
+    code, _, err = run(capsys, "generate", "--model", model_dir, "--text", "a red circle", "--accept-confidence",
+                       "0.5", "--candidates", "2", "--out", tmp_path / "y.png")
+    assert code == 2 and "accept_confidence must be a number <= 0" in err and not (tmp_path / "y.png").exists()
 
 
 def test_generate_json_from_files_and_to_several_outputs(model_dir, tmp_path, capsys):

@@ -199,9 +199,17 @@ def test_eval_with_candidates_judges_the_kept_draw(caption_model, tmp_path, caps
     assert main(args[:8] + ["joint", "--joint-n", "2"] + args[9:]) == 0
     assert seen == []  # joint reads no input: sampled in batches as usual, not through generate(candidates)
     seen.clear()
+    assert main(args[:-2] + ["--accept-confidence", "-1000", "--out", str(tmp_path / "a")]) == 0
+    sure = json.loads((tmp_path / "a" / "eval.json").read_text())
+    assert sure["settings"]["accept_confidence"] == -1000 and seen == [2, 2]
+    assert sure["figures"]["text->image"]["drawn_per_case"] == 1  # every first draw was sure enough: none drawn more
+    seen.clear()
     bad = args[:-2] + ["--candidates", "0", "--out", str(tmp_path / "bad")]
     assert main(bad) == 2 and seen == [] and not (tmp_path / "bad").exists()  # refused before any case is drawn
     assert "candidates must be an int from 1 to 64" in capsys.readouterr().err
+    alone = args[:-4] + ["--accept-confidence", "-0.1", "--out", str(tmp_path / "alone")]  # without --candidates
+    assert main(alone) == 2 and not (tmp_path / "alone").exists()
+    assert "needs candidates > 1" in capsys.readouterr().err
 
 
 def _same_but_time(a, b):

@@ -391,6 +391,33 @@ def test_candidates_keep_the_draw_that_agrees_best_with_the_input(pipe):
             pipe.generate(text="a red circle", to="image", candidates=bad)
 
 
+def test_accept_confidence_keeps_a_sure_first_draw_and_draws_the_rest_otherwise(pipe):
+    """accept_confidence: the first draw alone when its confidence score reaches the bar (its passes and the 4 of
+    the score counted), else all N drawn and the best by agreement kept, exactly as without it."""
+    from unimodal.inference.critique import confidence_scores, sample_score
+    from unimodal.refine import draft_of
+
+    first = pipe.generate(text="a red circle", to="image", steps=4, seed=5)
+    scores, calls = confidence_scores(pipe.backbone, pipe.layout, draft_of(pipe, first, {"text": "a red circle"}), 4)
+    score = sample_score(scores)
+    sure = pipe.generate(text="a red circle", to="image", steps=4, seed=5, candidates=3, accept_confidence=score - 0.01)
+    chosen = sure.settings["candidates"]
+    assert (chosen["drawn"], chosen["kept"], chosen["seeds"]) == (1, 0, [5]) and "agreement" not in chosen
+    assert chosen["confidence"] == pytest.approx(score, abs=1e-5) and chosen["accept_confidence"] == score - 0.01
+    assert sure.token_ids == first.token_ids and sure.forward_passes == first.forward_passes + calls == first.forward_passes + 4
+    unsure = pipe.generate(text="a red circle", to="image", steps=4, seed=5, candidates=3, accept_confidence=0.0)
+    all_drawn = pipe.generate(text="a red circle", to="image", steps=4, seed=5, candidates=3)
+    if score < 0.0:  # a score of exactly 0 (every token certain) would be accepted at 0 as well
+        assert unsure.settings["candidates"]["drawn"] == 3 and unsure.token_ids == all_drawn.token_ids
+        assert unsure.settings["candidates"]["kept"] == all_drawn.settings["candidates"]["kept"]
+        assert unsure.forward_passes == all_drawn.forward_passes + 4  # the first draw's score was read too
+    for bad in (0.5, float("nan"), "high", True):
+        with pytest.raises(SettingError, match="accept_confidence must be a number <= 0"):
+            pipe.generate(text="a red circle", to="image", candidates=2, accept_confidence=bad)
+    with pytest.raises(SettingError, match="needs candidates > 1"):
+        pipe.generate(text="a red circle", to="image", accept_confidence=-0.1)
+
+
 def test_each_output_gets_its_modalitys_defaults_under_the_callers_settings(pipe):
     image = pipe.generate(text="a red circle", to="image", **FAST)
     caption = pipe.generate(image=picture(), to="text", **FAST)

@@ -36,7 +36,7 @@ INPUT_KEYS = MODALITIES
 PLANS = ("text", "text-only", "none")  # UniModal.generate's ``plan``
 SETTING_KEYS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "seed", "max_text_tokens",
                 "max_audio_seconds", "schedule", "block_length", "block_mode", "choice_temperature", "candidates",
-                "plan")
+                "accept_confidence", "plan")
 GENERATE_KEYS = INPUT_KEYS + ("to", "out") + SETTING_KEYS
 MAX_CANDIDATES = 64  # draws of one request kept to the best: more is a batch job, not a request
 # Reading the first pixels of an image bigger than this is already slow; nothing this model reads is near it.
@@ -209,6 +209,18 @@ def check_draws_differ(candidates: int, differ: bool) -> None:
                            f"(e.g. 0.7) or choice_temperature > 0, or candidates=1")
 
 
+def check_accept_confidence(value, candidates: int = 2) -> float | None:
+    """``accept_confidence``: a mean log-probability (a number <= 0), the confidence score at which the first of
+    ``candidates`` draws is kept without drawing the others; only with candidates > 1 (None: always draw all)."""
+    if value is None:
+        return None
+    value = _real_setting("accept_confidence", value, "<= 0 (a mean log-probability, e.g. -0.1)", lambda x: x <= 0)
+    if candidates < 2:
+        raise SettingError(f"accept_confidence={value} keeps the first of several draws when the model is sure of it; "
+                           f"it needs candidates > 1 (e.g. candidates=8), got candidates={candidates}")
+    return value
+
+
 def check_plan(plan) -> str:
     """UniModal.generate's ``plan``: one of :data:`PLANS` (the API, the CLI and the servers ask the same)."""
     if plan not in PLANS:
@@ -246,6 +258,7 @@ _SETTING_CHECKS = {
     "block_length": lambda v: _int_setting("block_length", v, 1),
     "max_text_tokens": lambda v: _int_setting("max_text_tokens", v, 1),
     "candidates": check_candidates,
+    "accept_confidence": check_accept_confidence,
     "seed": lambda v: check_seed(v, error=SettingError),
     "mode": lambda v: _choice_setting("mode", v, MODES),
     "schedule": lambda v: _choice_setting("schedule", v, SCHEDULES),
@@ -266,7 +279,10 @@ def check_settings(settings: Mapping) -> dict:
     unknown = sorted(set(settings) - set(_SETTING_CHECKS))
     if unknown:
         raise SettingError(f"unknown setting(s) {unknown}; accepted: {', '.join(sorted(_SETTING_CHECKS))}")
-    return {name: _SETTING_CHECKS[name](value) for name, value in settings.items() if value is not None}
+    checked = {name: _SETTING_CHECKS[name](value) for name, value in settings.items() if value is not None}
+    if "accept_confidence" in checked:  # with the candidates it needs, before any model loads
+        check_accept_confidence(checked["accept_confidence"], checked.get("candidates", 1))
+    return checked
 
 
 # ---- outputs ------------------------------------------------------------------------------------------------------

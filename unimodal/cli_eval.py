@@ -92,6 +92,8 @@ def add_eval_command(sub) -> None:
     ev.add_argument("--candidates", type=int, default=None, help="draw this many per case and keep the one the "
                     "model reads back best (generate --candidates); joint, and directions sampled greedily "
                     "(captions by default), are sampled once")
+    ev.add_argument("--accept-confidence", type=float, default=None, help="with --candidates: keep a case's first "
+                    "draw when its confidence score (mean log-probability, e.g. -0.1) reaches this, else draw them all")
     _add_sampling_flags(ev, temperature_default=None)
     ev.set_defaults(func=_cmd_eval)
 

@@ -55,6 +55,8 @@ def add_generate_commands(sub) -> None:
     gen.add_argument("--max-audio-seconds", type=float, default=None)
     gen.add_argument("--candidates", type=int, default=None, help="draw this many and keep the one that agrees "
                      "best with the input, read back by the model (costs that many samplings; default 1)")
+    gen.add_argument("--accept-confidence", type=float, default=None, help="with --candidates: keep the first draw, "
+                     "drawing no more, when its confidence score (mean log-probability, e.g. -0.1) reaches this")
     gen.add_argument("--plan", default=None, choices=PLANS,
                      help="without --text, the model writes its plan in words first (read from the input, or the "
                           "caption it is asked for), then the rest guided by it and the inputs (text) or by it "

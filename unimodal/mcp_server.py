@@ -130,6 +130,9 @@ def generate_tool(runner: Runner):
             ge=1, le=MAX_CANDIDATES,
             description="draw this many and keep the one that agrees best with the input, read back by the "
                         "model; needs temperature > 0 for text (greedy draws are all the same)")] = None,
+        accept_confidence: Annotated[float | None, Field(
+            le=0, description="with candidates: keep the first draw, drawing no more, when the model's confidence "
+                              "score of it (mean log-probability, e.g. -0.1) reaches this")] = None,
         plan: Annotated[Literal["text", "text-only", "none"] | None, Field(
             description="without a text input: the model writes its plan in words first (what it reads in the "
                         "input, or the caption asked for), then text-only (default) draws each other output from "

@@ -47,8 +47,8 @@ from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel
 from unimodal.tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
 from unimodal.tokenizers_mm.text import TextCodec
 from unimodal.tokenizers_mm.vocoder import MelVocoder
-from unimodal.checks import (check_candidates, check_plan, check_draws_differ, check_model_folder, check_not_both,
-                             check_to)
+from unimodal.checks import (check_accept_confidence, check_candidates, check_plan, check_draws_differ,
+                             check_model_folder, check_not_both, check_to)
 from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
 from unimodal.core.paths import resolve_model_dir
@@ -206,7 +206,7 @@ class UniModal(DiffusionPipeline):
                  cfg: float | Mapping[str, float] | None = None, seed: int | None = 0,
                  max_text_tokens: int | None = None, max_audio_seconds: float | None = None,
                  progress: bool = False, candidates: int = 1, plan: str = PLAN_DEFAULT,
-                 **settings) -> GenerationResult:
+                 accept_confidence: float | None = None, **settings) -> GenerationResult:
         """Generate ``to`` (a modality, a list, or ``"image,audio"``) from the inputs given (none: unconditional).
 
         Inputs: ``text`` a string; ``image`` a PIL image, uint8 array or file path (resized to the codec's
@@ -239,19 +239,29 @@ class UniModal(DiffusionPipeline):
         the model reads it from each output: :func:`unimodal.inference.critique.agreement_score`, one forward
         pass each). ``result.settings["candidates"]`` holds every candidate's seed and score and which was kept;
         ``forward_passes`` counts all of them. Needs an input to agree with.
+
+        ``accept_confidence`` (with ``candidates`` > 1): draw the first alone and keep it, drawing no more, when the
+        model is sure of it: its confidence score (the mean log-probability of its tokens, each re-masked in 4
+        interleaved groups: :func:`unimodal.inference.critique.confidence_scores`, 4 forward passes) is at least
+        this; otherwise draw the rest and keep the best by agreement, as without it. On 96 test pictures that score
+        told a right greedy caption from a wrong one with AUROC 0.99, and at -0.1 reading kept the accuracy of
+        always drawing 8 at under half the draws (docs/results.md, "Reading pictures").
+        ``result.settings["candidates"]`` then also holds ``drawn``, ``confidence`` and ``accept_confidence``.
         """
         request = dict(text=text, image=image, audio=audio, to=to, max_text_tokens=max_text_tokens,
                        max_audio_seconds=max_audio_seconds)
         sampling = dict(steps=steps, mode=mode, tau=tau, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
                         plan=plan, **settings)
-        if check_candidates(candidates) == 1:
+        accept_confidence = check_accept_confidence(accept_confidence, check_candidates(candidates))
+        if candidates == 1:
             return self.generate_batch([request], seed=seed, progress=progress, **sampling)[0]
-        return self._best_of(request, candidates, seed, progress, sampling)
+        return self._best_of(request, candidates, seed, progress, sampling, accept_confidence)
 
     def _best_of(self, request: dict, candidates: int, seed: int | None, progress: bool,
-                 sampling: Mapping) -> GenerationResult:
-        """``candidates`` draws of one request, the one whose inputs the model reads back best kept."""
-        from unimodal.inference.critique import agreement_score
+                 sampling: Mapping, accept_confidence: float | None = None) -> GenerationResult:
+        """``candidates`` draws of one request, the one whose inputs the model reads back best kept; with
+        ``accept_confidence``, the first alone when its confidence score reaches it."""
+        from unimodal.inference.critique import DEFAULT_GROUPS, agreement_score, confidence_scores, sample_score
         from unimodal.refine import draft_of
 
         if self.autoregressive:
@@ -263,16 +273,32 @@ class UniModal(DiffusionPipeline):
                              "request has none (give text, image or audio, or candidates=1)")
         check_draws_differ(candidates, self.draws_differ(request["to"], **sampling))
         seed = fresh_seed() if seed is None else check_seed(seed, error=SettingError)
-        draws = self.generate_batch([dict(request, seed=seed + k) for k in range(candidates)], progress=progress,
-                                    **sampling)
+        requests = [dict(request, seed=seed + k) for k in range(candidates)]
+        check, checked = {}, 0  # the first draw's confidence score, and its passes
+        if accept_confidence is None:
+            draws = self.generate_batch(requests, progress=progress, **sampling)
+        else:
+            draws = self.generate_batch(requests[:1], progress=progress, **sampling)
+            with self._lock:
+                scores, checked = confidence_scores(self.backbone, self.layout, draft_of(self, draws[0], inputs),
+                                                    DEFAULT_GROUPS)
+            check = {"confidence": round(sample_score(scores), 6), "accept_confidence": accept_confidence}
+            if check["confidence"] >= accept_confidence:
+                first = draws[0]
+                first.forward_passes += checked
+                first.settings = {**first.settings, "candidates": {"n": candidates, "drawn": 1, "kept": 0,
+                                                                   "seeds": [seed], **check}}
+                return first
+            draws += self.generate_batch(requests[1:], progress=progress, **sampling)
         with self._lock:
             read = [agreement_score(self.backbone, self.layout, draft_of(self, draw, inputs)) for draw in draws]
         scores = [score for score, _ in read]
         kept = max(range(candidates), key=scores.__getitem__)
         best = draws[kept]
-        best.forward_passes = sum(d.forward_passes for d in draws) + sum(calls for _, calls in read)
-        best.settings = {**best.settings, "candidates": {"n": candidates, "kept": kept, "seeds": [seed + k for k in
-                         range(candidates)], "agreement": [round(v, 6) for v in scores]}}
+        best.forward_passes = sum(d.forward_passes for d in draws) + sum(calls for _, calls in read) + checked
+        best.settings = {**best.settings, "candidates": {"n": candidates, "drawn": candidates, "kept": kept,
+                         "seeds": [seed + k for k in range(candidates)], "agreement": [round(v, 6) for v in scores],
+                         **check}}
         return best
 
     def draws_differ(self, to: str | Sequence[str] = "image", **settings) -> bool:
