@@ -266,7 +266,17 @@ def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scor
             summary.update(part)
         else:
             summary.setdefault("by_kind", {})[kind] = {"n": len(chosen), **part}
+    if direction != "joint":  # scenes of one object and of two: where a model's errors are, told apart
+        for count in sorted({objects_in(c) for c in cases} - {None}):
+            chosen = [scores[i] for i, c in enumerate(cases) if objects_in(c) == count]
+            summary.setdefault("by_objects", {})[str(count)] = {"n": len(chosen), **_rates(chosen)}
     return summary
+
+
+def objects_in(case: EvalCase) -> int | None:
+    """How many objects a scene case shows (None for other cases)."""
+    truth = case.truth if case.kind == "scene" else None
+    return len(truth["objects"]) if isinstance(truth, Mapping) and "objects" in truth else None
 
 
 def _rates(scores: Sequence[dict]) -> dict:
@@ -384,7 +394,8 @@ def format_table(report: dict) -> str:
     lines = [f"{'direction':<13} {'kind':<6} {'n':>4} {'accuracy':>8} {'WER':>6} {'passes':>7} {'s/sample':>9}  "
              f"per attribute"]
     for direction, fig in report["figures"].items():
-        rows = [("all", fig)] + list(fig.get("by_kind", {}).items())
+        rows = [("all", fig)] + list(fig.get("by_kind", {}).items()) + [
+            (f"{count} obj", row) for count, row in fig.get("by_objects", {}).items()]
         for kind, row in rows:
             extra = " ".join(f"{k}={row[k]:.3f}" for k in (*SCENE_ATTRIBUTES, "text_parses", "image_matches_text",
                                                              "audio_matches_text") if k in row)

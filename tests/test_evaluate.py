@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from unimodal.inference.evaluate import (EvalCase, Judges, caption_correct, evaluate, joint_consistency, judge_image,
-                                model_hash, summarize)
+from unimodal.inference.evaluate import (EvalCase, Judges, caption_correct, evaluate, format_table,
+                                         joint_consistency, judge_image, model_hash, summarize)
 from unimodal.judges import word_error_rate
 from unimodal.training.data.scenes import make_sample
 from unimodal.cli import main
@@ -89,6 +89,13 @@ def test_summaries_count_rates_and_wer():
     summary = summarize("image->text", cases, [Result(), Result()], scores, wall=0.5)
     assert summary["accuracy"] == 0.5 and summary["by_kind"]["scene"]["n"] == 2 and summary["forward_passes"] == 4
     assert 0 < summary["wer"] <= 1
+    # scenes of one object and of two, told apart (the first test scene is a pair, the second one object)
+    assert [len(c.truth["objects"]) for c in cases] == [2, 1]
+    assert summary["by_objects"] == {"1": {"n": 1, "accuracy": 0.0}, "2": {"n": 1, "accuracy": 1.0}}
+    digit = EvalCase("digit", "the digit seven", None, None, 7)
+    assert "by_objects" not in summarize("image->text", [digit], [Result()], scores[:1], wall=0.5)
+    table = format_table({"figures": {"image->text": summary}, "reference": {}, "seed": 0, "settings": {}})
+    assert "1 obj" in table and "2 obj" in table
 
 
 def test_load_cases_checks_its_input():
