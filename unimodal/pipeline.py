@@ -237,8 +237,9 @@ class UniModal(DiffusionPipeline):
         ``candidates`` > 1: draw that many (seeds ``seed``, ``seed + 1``, ...; one batched sampler call) and return
         the one that agrees best with the inputs, read back by the same model (the prompt's log-probability when
         the model reads it from each output: :func:`unimodal.inference.critique.agreement_score`, one forward
-        pass each). ``result.settings["candidates"]`` holds every candidate's seed and score and which was kept;
-        ``forward_passes`` counts all of them. Needs an input to agree with.
+        pass each). ``result.settings["candidates"]`` holds every candidate's seed and score (``seeds``,
+        ``agreement``), how many were ``drawn`` and which was ``kept``; ``forward_passes`` counts all of them. Needs an
+        input to agree with.
 
         ``accept_confidence`` (with ``candidates`` > 1): draw the first alone and keep it, drawing no more, when the
         model is sure of it: its confidence score (the mean log-probability of its tokens, each re-masked in 4
@@ -247,7 +248,8 @@ class UniModal(DiffusionPipeline):
         told a right greedy caption from a wrong one with AUROC 0.99; reading 200 with ``candidates=8``,
         ``accept_confidence=-0.1`` gave the same verdicts as always drawing 8, at 3.45 draws a picture
         (docs/results.md, "Reading pictures").
-        ``result.settings["candidates"]`` then also holds ``drawn``, ``confidence`` and ``accept_confidence``.
+        ``result.settings["candidates"]`` then also holds ``confidence`` and ``accept_confidence``; a first draw kept
+        alone has ``drawn`` 1, ``seeds`` ``[seed]`` and no ``agreement`` (nothing was compared).
         """
         request = dict(text=text, image=image, audio=audio, to=to, max_text_tokens=max_text_tokens,
                        max_audio_seconds=max_audio_seconds)
@@ -283,8 +285,9 @@ class UniModal(DiffusionPipeline):
             with self._lock:
                 scores, checked = confidence_scores(self.backbone, self.layout, draft_of(self, draws[0], inputs),
                                                     DEFAULT_GROUPS)
-            check = {"confidence": round(sample_score(scores), 6), "accept_confidence": accept_confidence}
-            if check["confidence"] >= accept_confidence:
+            confidence = sample_score(scores)
+            check = {"confidence": round(confidence, 6), "accept_confidence": accept_confidence}
+            if confidence >= accept_confidence:
                 first = draws[0]
                 first.forward_passes += checked
                 first.settings = {**first.settings, "candidates": {"n": candidates, "drawn": 1, "kept": 0,

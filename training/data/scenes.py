@@ -36,7 +36,7 @@ def _is_heldout(obj: dict) -> bool:
 
 def sample_attributes(rng: np.random.Generator, heldout: bool, pair_fraction: float = PAIR_FRACTION) -> dict:
     """Draw scene attributes; with ``heldout`` the scene uses a held-out pair, else it uses none.
-    ``pair_fraction``: the chance of two objects (the same random stream whatever it is)."""
+    ``pair_fraction``: the chance of two objects (decided by the first draw of ``rng``)."""
     while True:
         if rng.random() < pair_fraction:
             a, b = _random_object(rng), _random_object(rng)
