@@ -176,9 +176,8 @@ def generate_direction(pipe, direction: str, cases: Sequence[EvalCase], settings
 
     settings = dict(settings)
     candidates = settings.pop("candidates", None) or 1
-    accept = settings.pop("accept_confidence", None)  # the first draw kept when the model is sure of it
-    if candidates > 1 and accept is not None:
-        settings["accept_confidence"] = accept
+    if candidates == 1:
+        settings.pop("accept_confidence", None)  # it chooses among candidates: one draw has none to choose
     requests = eval_requests(direction, cases, seed)
     results, start = [], time.perf_counter()
     if candidates > 1:

@@ -278,13 +278,13 @@ class UniModal(DiffusionPipeline):
         seed = fresh_seed() if seed is None else check_seed(seed, error=SettingError)
         requests = [dict(request, seed=seed + k) for k in range(candidates)]
         check, checked = {}, 0  # the first draw's confidence score, and its passes
-        if accept_confidence is None:
-            draws = self.generate_batch(requests, progress=progress, **sampling)
-        else:
-            draws = self.generate_batch(requests[:1], progress=progress, **sampling)
+        draws = self.generate_batch(requests if accept_confidence is None else requests[:1], progress=progress,
+                                    **sampling)
+        with self._lock:
+            drafts = [draft_of(self, draw, inputs) for draw in draws]  # each draw read with the inputs, once
+        if accept_confidence is not None:
             with self._lock:
-                scores, checked = confidence_scores(self.backbone, self.layout, draft_of(self, draws[0], inputs),
-                                                    DEFAULT_GROUPS)
+                scores, checked = confidence_scores(self.backbone, self.layout, drafts[0], DEFAULT_GROUPS)
             confidence = sample_score(scores)
             check = {"confidence": round(confidence, 6), "accept_confidence": accept_confidence}
             if confidence >= accept_confidence:
@@ -293,9 +293,12 @@ class UniModal(DiffusionPipeline):
                 first.settings = {**first.settings, "candidates": {"n": candidates, "drawn": 1, "kept": 0,
                                                                    "seeds": [seed], **check}}
                 return first
-            draws += self.generate_batch(requests[1:], progress=progress, **sampling)
+            rest = self.generate_batch(requests[1:], progress=progress, **sampling)
+            with self._lock:
+                drafts += [draft_of(self, draw, inputs) for draw in rest]
+            draws += rest
         with self._lock:
-            read = [agreement_score(self.backbone, self.layout, draft_of(self, draw, inputs)) for draw in draws]
+            read = [agreement_score(self.backbone, self.layout, draft) for draft in drafts]
         scores = [score for score, _ in read]
         kept = max(range(candidates), key=scores.__getitem__)
         best = draws[kept]

@@ -60,10 +60,10 @@ def _total(name: str, n: int) -> int:
 
 
 def check_pair_fraction(name: str, pair_fraction) -> float | None:
-    """``pair_fraction`` as :func:`build` takes it: None (the data set's default), or for scenes a number from 0 to
-    1; an :class:`InputError` naming it otherwise."""
+    """``pair_fraction`` as :func:`build` takes it: for scenes a number from 0 to 1 (None: the default,
+    :data:`scenes.PAIR_FRACTION`), for other data sets None; an :class:`InputError` naming it otherwise."""
     if pair_fraction is None:
-        return None
+        return scenes.PAIR_FRACTION if name == "scenes" else None
     if name != "scenes":
         raise InputError(f"--pair-fraction is the share of two-object scenes; {name!r} has no pairs (leave it out)")
     if isinstance(pair_fraction, bool) or not isinstance(pair_fraction, (int, float)) or not 0 <= pair_fraction <= 1:
@@ -98,20 +98,19 @@ def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None
         from unimodal.core.paths import data_dir
 
         out = data_dir(name, n, seed)
-        if pair_fraction is not None and pair_fraction != scenes.PAIR_FRACTION:
+        if pair_fraction not in (None, scenes.PAIR_FRACTION):
             out = out.with_name(f"{out.name}-pairs{pair_fraction:g}")
     out = Path(out)
     tmp = staging_dir(out)
     try:
         with tqdm(total=_total(name, n), desc=_bar_label(name, n), unit="sample", disable=not progress) as bar:
-            options = {"pair_fraction": pair_fraction} if pair_fraction is not None else {}
+            options = {"pair_fraction": pair_fraction} if name == "scenes" else {}
             splits = BUILDERS[name](n, seed, speech, bar, **options)
         for split, samples in splits.items():
             write_split(tmp, split, samples)
         write_info(tmp, {"name": name, "n": n, "seed": seed, "speech": speech, "sample_rate": SAMPLE_RATE,
                          "image_size": IMAGE_SIZE, "splits": {s: len(v) for s, v in splits.items()},
-                         **({"heldout_pairs": sorted(map(list, scenes.HELDOUT_PAIRS)),
-                             "pair_fraction": scenes.PAIR_FRACTION if pair_fraction is None else pair_fraction}
+                         **({"heldout_pairs": sorted(map(list, scenes.HELDOUT_PAIRS)), "pair_fraction": pair_fraction}
                             if name == "scenes" else {})})
         publish(tmp, out)
     finally:
