@@ -516,8 +516,59 @@ def test_bench_refine_command(tiny_codec_dir, tmp_path, capsys):
     assert code == 2 and "no curves" in err
 
 
+def test_bench_refine_reads_pictures_too(tiny_codec_dir, tmp_path, capsys, monkeypatch):
+    """--direction image->text: captions of the test pictures, judged by the caption grammar, refined with the
+    picture as their input, and best-of-N draws after the first sampled (greedy captions are all the same)."""
+    import unimodal.bench_refine as bench
+
+    model = write_tiny_model(tiny_codec_dir, tmp_path / "model", max_text_len=32)
+    seen = []
+    real_base = bench._base
+    monkeypatch.setattr(bench, "_base", lambda *a, **k: seen.append((a[3:], k)) or real_base(*a, **k))
+    code, out, err = run(capsys, "bench", "refine", "--model", model, "--direction", "image->text", "--n", "2",
+                         "--rounds", "1", "--best-of", "2", "--critics", "confidence", "--temperature", "1.0",
+                         "--threshold", "0.9", "--evaluator", "agreement", "--out", tmp_path / "bench")
+    assert code == 0, err
+    report = json.loads((tmp_path / "bench" / "bench_refine.json").read_text())
+    assert report["direction"] == "image->text" and report["best_of_temperature"] == 1.0
+    assert report["options"] == {"temperature": 1.0, "threshold": 0.9, "evaluator": "agreement"}
+    assert report["sampler"]["temperature"] == 0.0  # the first caption is the greedy one, as generate makes it
+    assert "n=2 image->text cases" in out and "best-of draws after the first at temperature 1.0" in out
+    assert [args[1].name for args, _ in seen] == ["image->text", "image->text"]
+    assert [args[2] if len(args) > 2 else None for args, _ in seen] == [None, 1.0]
+    assert {r["selector"] for r in report["best_of"]} == {"confidence", "agreement"}
+    rows = report["refine"]["confidence"]["rounds"]
+    assert 0 <= rows[1]["accuracy"] <= 1 and rows[1]["forward_passes"] >= rows[0]["forward_passes"]
+    code, _, err = run(capsys, "bench", "refine-plot", tmp_path / "bench" / "bench_refine.json", "--out",
+                       tmp_path / "read.png")
+    assert code == 0, err
+    (tmp_path / "drawn.json").write_text(json.dumps({**report, "direction": "text->image"}))
+    code, _, err = run(capsys, "bench", "refine-plot", tmp_path / "bench" / "bench_refine.json",
+                       tmp_path / "drawn.json", "--out", tmp_path / "x.png")
+    assert code == 2 and "direction differ" in err
+
+
+def test_bench_refine_direction_judges_captions_by_the_grammar():
+    from unimodal.bench_refine import _Direction
+    from unimodal.inference.evaluate import EvalCase
+
+    truth = {"objects": [{"shape": "circle", "color": "red", "size": "small", "position": "left"}],
+             "relation": None}
+    case = EvalCase("scene", "a small red circle on the left", np.zeros((64, 64, 3), np.uint8), None, truth)
+    reading = _Direction("image->text")
+    assert reading.request(case, 7) == {"image": case.image, "to": "text", "seed": 7}
+    assert reading.inputs(case) == {"image": case.image}
+    assert reading.verdicts([case] * 3, ["on the left, a small red circle", "a small blue circle on the left", None],
+                            None) == [True, False, False]
+    assert _Direction("text->image").inputs(case) == {"text": case.text}
+    with pytest.raises(InputError, match="must be one of"):
+        _Direction("audio->text")
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--patience", "0"], "--patience must be an int >= 1, got 0"),
+    (["--best-of-temperature", "-1"], "--best-of-temperature must be >= 0"),
+    (["--direction", "image->text", "--corrupt", "0.25"], "--direction chooses what the generation bench makes"),
     (["--rounds", "-1"], "--rounds must be an int >= 0"),
     (["--fraction", "1.5"], "--fraction must be a number in (0, 1]"),
     (["--threshold", "0"], "--threshold must be a number in (0, 1]"),

@@ -1,21 +1,24 @@
-"""``unimodal bench refine``: does self-critique repair text->image generations, and is it worth its passes?
+"""``unimodal bench refine``: does self-critique repair generations, and is it worth its passes?
 
-For each case (a scene caption of the test split) the model draws one picture (seed ``seed + i``); then:
+For each case (a scene of the test split) the model makes one output, seed ``seed + i``: a picture from the
+caption (``direction="text->image"``, the default) or a caption of the picture (``"image->text"``); then:
 
 - **refine**, per critic (``confidence``, ``random``; ``learned`` once its head is trained): up to ``rounds``
-  plan-execute-evaluate rounds (:func:`unimodal.inference.refine.refine`); the picture after every round is judged,
+  plan-execute-evaluate rounds (:func:`unimodal.inference.refine.refine`); the output after every round is judged,
   so the table holds the accuracy and the mean forward passes spent so far after each round, and the fix
   rate (wrong -> right, over the cases wrong before the round) and break rate (right -> wrong, over those
   right before it) of each round;
 - **own mistakes** (:func:`bench_mistakes`, ``--mistakes``): each critic's AUROC on the tokens the model
   regenerated wrong in real test data, the measure of the learned critic against the confidence score;
-- **best-of-N**: N pictures per case (seeds ``seed + i + k * 100003``), the one with the best score kept,
+- **best-of-N**: N outputs per case (seeds ``seed + i + k * 100003``; the draws after the first at
+  ``best_of_temperature``, since greedy captions are all the same), the one with the best score kept,
   N = 1 .. ``best_of``, chosen twice: by the confidence score (each scored with the same ``groups`` calls the
-  confidence critic spends) and by the agreement score (the caption read back from each picture, one call).
+  confidence critic spends) and by the agreement score (the input read back from each output, one call).
 
 Forward passes are model calls over the targets per case, as the sampler counts steps (the guidance rows of
-a call are not counted apart, the same for every method). The independent scene judge scores every
-picture; the model never sees it. The cases arrive ready-made (``inference/`` does not import ``training/``).
+a call are not counted apart, the same for every method). The independent judges (the scene judge for
+pictures, the caption grammar for captions) score every output; the model never sees them. The cases arrive
+ready-made (``inference/`` does not import ``training/``).
 """
 
 from __future__ import annotations
@@ -26,10 +29,38 @@ from pathlib import Path
 import numpy as np
 
 from unimodal.inference.critique import agreement_score, confidence_scores, make_draft, sample_score
-from unimodal.inference.evaluate import EvalCase, Judges, judge_image, paired_difference, verdicts_of
+from unimodal.inference.evaluate import EvalCase, Judges, caption_correct, judge_image, paired_difference, verdicts_of
 from unimodal.core.errors import InputError
 
 BEST_OF_SEED_STRIDE = 100_003
+DIRECTIONS = ("text->image", "image->text")
+# Draws after the first of a best-of-N caption: greedy captions of one picture are all the same.
+TEXT_BEST_OF_TEMPERATURE = 1.0
+
+
+class _Direction:
+    """What one bench direction generates from what, how its output is judged, and the input refine reads."""
+
+    def __init__(self, name: str):
+        if name not in DIRECTIONS:
+            raise InputError(f"bench refine's direction must be one of {DIRECTIONS}, got {name!r}")
+        self.name = name
+        self.source, self.target = name.split("->")
+
+    def request(self, case, seed: int) -> dict:
+        return {self.source: getattr(case, self.source), "to": self.target, "seed": seed}
+
+    def output(self, result):
+        return getattr(result, self.target)
+
+    def inputs(self, case) -> dict:
+        """The request as ``refine`` and ``critique`` take it (what an agreement evaluator reads back)."""
+        return {self.source: getattr(case, self.source)}
+
+    def verdicts(self, cases, outputs, judges: Judges) -> list[bool]:
+        if self.target == "text":
+            return [bool(caption_correct(c, text)) for c, text in zip(cases, outputs)]
+        return _verdicts(cases, outputs, judges)
 
 
 def _verdicts(cases: Sequence[EvalCase], images, judges: Judges) -> list[bool]:
@@ -37,26 +68,32 @@ def _verdicts(cases: Sequence[EvalCase], images, judges: Judges) -> list[bool]:
                              judges.digit if c.kind == "digit" else None).get("correct")) for c, im in zip(cases, images)]
 
 
-def _base(pipe, cases, seed: int, batch_size: int) -> list:
-    requests = [{"text": c.text, "to": "image", "seed": seed + i} for i, c in enumerate(cases)]
+def _base(pipe, cases, seed: int, batch_size: int, direction: _Direction | None = None,
+          temperature: float | None = None) -> list:
+    direction = direction or _Direction("text->image")
+    requests = [direction.request(c, seed + i) for i, c in enumerate(cases)]
+    sampling = {} if temperature is None else {"temperature": temperature}
     return [r for first in range(0, len(requests), batch_size)
-            for r in pipe.generate_batch(requests[first:first + batch_size])]
+            for r in pipe.generate_batch(requests[first:first + batch_size], **sampling)]
 
 
-def _refined(pipe, cases, base, judges, critic, rounds: int, seed: int, groups: int, options: dict) -> dict:
+def _refined(pipe, cases, base, judges, critic, rounds: int, seed: int, groups: int, options: dict,
+             direction: _Direction) -> dict:
     """Per round: accuracy, mean cumulative passes, fix and break rates; and the stop reasons."""
     n = len(cases)
     verdicts = np.zeros((n, rounds + 1), dtype=bool)  # [case, after round r]; a case that stopped keeps its last
     passes = np.zeros((n, rounds + 1))
     stops: dict[str, int] = {}
-    verdicts[:, 0] = _verdicts(cases, [r.image for r in base], judges)
+    verdicts[:, 0] = direction.verdicts(cases, [direction.output(r) for r in base], judges)
     for i, (case, result) in enumerate(zip(cases, base)):
         seen = {}
-        _, trace = pipe.refine(result, text=case.text, rounds=rounds, critic=critic, groups=groups, seed=seed + i,
-                               **options, on_round=lambda r, res: seen.__setitem__(r, res.image))
+        _, trace = pipe.refine(result, **direction.inputs(case), rounds=rounds, critic=critic, groups=groups,
+                               seed=seed + i, **options,
+                               on_round=lambda r, res: seen.__setitem__(r, direction.output(res)))
         spent = np.cumsum([trace["scoring_passes_initial"]] + [x["forward_passes"] for x in trace["rounds"]])
         for r in range(1, rounds + 1):
-            verdicts[i, r] = _verdicts([case], [seen[r]], judges)[0] if r in seen else verdicts[i, r - 1]
+            verdicts[i, r] = (direction.verdicts([case], [seen[r]], judges)[0] if r in seen
+                              else verdicts[i, r - 1])
             passes[i, r] = spent[min(r, len(spent) - 1)]
         stops[trace["stopped"]] = stops.get(trace["stopped"], 0) + 1
     base_passes = np.mean([r.forward_passes for r in base])
@@ -74,13 +111,16 @@ def _rate(hits: np.ndarray, among: np.ndarray) -> float | None:
     return float(hits.sum() / among.sum()) if among.sum() else None
 
 
-def _best_of(pipe, cases, base, judges, best_of: int, seed: int, groups: int, batch_size: int) -> list[dict]:
-    """Accuracy of the best-scored of the first N pictures per case, N = 1 .. best_of, per selector."""
-    draws = [base] + [_base(pipe, cases, seed + k * BEST_OF_SEED_STRIDE, batch_size) for k in range(1, best_of)]
-    right = np.array([_verdicts(cases, [r.image for r in results], judges) for results in draws])  # (N, n)
+def _best_of(pipe, cases, base, judges, best_of: int, seed: int, groups: int, batch_size: int,
+             direction: _Direction, temperature: float | None) -> list[dict]:
+    """Accuracy of the best-scored of the first N outputs per case, N = 1 .. best_of, per selector."""
+    draws = [base] + [_base(pipe, cases, seed + k * BEST_OF_SEED_STRIDE, batch_size, direction, temperature)
+                      for k in range(1, best_of)]
+    right = np.array([direction.verdicts(cases, [direction.output(r) for r in results], judges)
+                      for results in draws])  # (N, n)
     base_passes = np.mean([r.forward_passes for r in base])
-    selectors = {"confidence": (lambda case, r: _confidence(pipe, case, r, groups), groups),
-                 "agreement": (lambda case, r: _agreement(pipe, case, r), 1)}
+    selectors = {"confidence": (lambda case, r: _confidence(pipe, case, r, groups, direction), groups),
+                 "agreement": (lambda case, r: _agreement(pipe, case, r, direction), 1)}
     rows = []
     for selector, (score, calls) in selectors.items():
         scores = np.array([[score(case, r) for case, r in zip(cases, results)] for results in draws])
@@ -93,42 +133,56 @@ def _best_of(pipe, cases, base, judges, best_of: int, seed: int, groups: int, ba
     return rows
 
 
-def _draft(pipe, case, result):
-    """The picture drawn for ``case`` as a draft conditioned on its caption."""
+def _draft(pipe, case, result, direction: _Direction | None = None):
+    """The output made for ``case`` as a draft conditioned on its input (the caption, or the picture's codes)."""
     import torch
 
-    return make_draft(pipe.layout, [("text", pipe.text_codec.encode_one(case.text))],
-                      {"image": torch.tensor(result.token_ids["image"])})
+    direction = direction or _Direction("text->image")
+    if direction.source == "text":
+        condition = pipe.text_codec.encode_one(case.text)
+    else:
+        condition = pipe.image_codec.encode(case.image[None])[0].cpu()
+    return make_draft(pipe.layout, [(direction.source, condition)],
+                      {direction.target: torch.tensor(result.token_ids[direction.target])})
 
 
-def _agreement(pipe, case, result) -> float:
-    """How likely the model finds the case's caption when it reads the picture (one call, no guidance)."""
-    return agreement_score(pipe.backbone, pipe.layout, _draft(pipe, case, result))[0]
+def _agreement(pipe, case, result, direction: _Direction | None = None) -> float:
+    """How likely the model finds the case's input when it reads the output back (one call, no guidance)."""
+    return agreement_score(pipe.backbone, pipe.layout, _draft(pipe, case, result, direction))[0]
 
 
-def _confidence(pipe, case, result, groups: int) -> float:
+def _confidence(pipe, case, result, groups: int, direction: _Direction | None = None) -> float:
     """The draft's confidence score, read with the guidance it was sampled with."""
-    scores, _ = confidence_scores(pipe.backbone, pipe.layout, _draft(pipe, case, result), groups,
+    scores, _ = confidence_scores(pipe.backbone, pipe.layout, _draft(pipe, case, result, direction), groups,
                                   result.settings.get("cfg"))
     return sample_score(scores)
 
 
 def bench_refine(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confidence", "random"), rounds: int = 3,
                  best_of: int = 4, seed: int = 0, groups: int = 4, batch_size: int = 16, judges: Judges | None = None,
-                 progress=print, options: dict | None = None) -> dict:
+                 progress=print, options: dict | None = None, direction: str = "text->image",
+                 best_of_temperature: float | None = None) -> dict:
     """The report: base accuracy, refine per critic per round, best-of-N; every figure with its passes.
-    ``options``: more keywords of ``pipe.refine`` (e.g. ``temperature`` of the regenerations)."""
+    ``options``: more keywords of ``pipe.refine`` (e.g. ``temperature`` of the regenerations); ``direction``:
+    text->image or image->text; ``best_of_temperature``: the sampling temperature of the best-of-N draws after
+    the first (default: 1.0 for captions, the model's own for pictures)."""
     if not cases:
         raise InputError("bench refine needs at least one case")
+    way = _Direction(direction)
+    if best_of_temperature is None and way.target == "text":
+        best_of_temperature = TEXT_BEST_OF_TEMPERATURE
     judges = judges or Judges()
-    base = _base(pipe, cases, seed, batch_size)
-    report = {"n": len(cases), "seed": seed, "rounds": rounds, "groups": groups, "options": dict(options or {}),
+    base = _base(pipe, cases, seed, batch_size, way)
+    report = {"n": len(cases), "direction": way.name, "seed": seed, "rounds": rounds, "groups": groups,
+              "options": dict(options or {}), "best_of_temperature": best_of_temperature,
               "sampler": {k: base[0].settings.get(k) for k in ("mode", "steps", "cfg", "temperature",
                                                                "choice_temperature")}, "refine": {}}
     for critic in critics:
-        report["refine"][critic] = _refined(pipe, cases, base, judges, critic, rounds, seed, groups, dict(options or {}))
+        report["refine"][critic] = _refined(pipe, cases, base, judges, critic, rounds, seed, groups,
+                                            dict(options or {}), way)
         progress(f"done: refine {critic}")
-    report["best_of"] = _best_of(pipe, cases, base, judges, best_of, seed, groups, batch_size)
+    report["best_of"] = _best_of(pipe, cases, base, judges, best_of, seed, groups, batch_size, way,
+                                 best_of_temperature)
     return report
 
 
@@ -450,8 +504,10 @@ def format_table(report: dict) -> str:
             lines.append(f"refine {critic} minus no refine (same cases): {diff['mean']:+.3f}, 95% CI "
                          f"[{diff['ci95'][0]:+.3f}, {diff['ci95'][1]:+.3f}]")
     stops = "; ".join(f"{c}: {p['stopped']}" for c, p in report["refine"].items())
-    lines.append(f"n={report['n']} text->image cases, seed {report['seed']}, sampler {report['sampler']}, "
-                 f"refine options {report.get('options') or {}}, "
+    later = report.get("best_of_temperature")
+    lines.append(f"n={report['n']} {report.get('direction', 'text->image')} cases, seed {report['seed']}, sampler "
+                 f"{report['sampler']}, best-of draws after the first at temperature "
+                 f"{'the sampler default' if later is None else later}, refine options {report.get('options') or {}}, "
                  f"confidence groups {report['groups']}; refine stops: {stops}")
     return "\n".join(lines)
 
@@ -493,9 +549,12 @@ def plot_refine(reports: Sequence[dict], path) -> Path:
                 oracle_drawn = True
                 axis.plot([r["forward_passes"] for r in rows], [r["oracle_accuracy"] for r in rows], ":",
                           color="black", alpha=0.6, label="any of N right (a perfect selector)")
-    axis.set_xlabel("forward passes per picture (mean)")
-    axis.set_ylabel("judged accuracy (scene judge)")
-    axis.set_title(f"text->image, n={reports[0]['n']} test captions, seed {reports[0]['seed']}", fontsize=10)
+    direction = reports[0].get("direction", "text->image")
+    output, judge, inputs = (("caption", "caption grammar", "pictures") if direction == "image->text"
+                             else ("picture", "scene judge", "captions"))
+    axis.set_xlabel(f"forward passes per {output} (mean)")
+    axis.set_ylabel(f"judged accuracy ({judge})")
+    axis.set_title(f"{direction}, n={reports[0]['n']} test {inputs}, seed {reports[0]['seed']}", fontsize=10)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
     figure.tight_layout()

@@ -159,7 +159,8 @@ def _cmd_bench_refine(args) -> int:
         table = format_repair(report)
     else:
         report = bench_refine(pipe, cases, critics, args.rounds, args.best_of, args.seed, batch_size=args.batch_size,
-                              progress=progress, options=_refine_options(args))
+                              progress=progress, options=_refine_options(args), direction=args.direction,
+                              best_of_temperature=args.best_of_temperature)
         table = format_table(report)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split)
     print(table)
@@ -187,8 +188,12 @@ def _check_bench_refine_args(args) -> Path:
             raise InputError(f"{flag} is the share of {what}, in (0, 1); got {value}")
     if args.corrupt is not None and args.mistakes is not None:
         raise InputError("--corrupt and --mistakes are two different benches; give one")
-    if args.temperature is not None and not args.temperature >= 0:
-        raise InputError(f"--temperature must be >= 0, got {args.temperature}")
+    for flag, value in (("--temperature", args.temperature), ("--best-of-temperature", args.best_of_temperature)):
+        if value is not None and not value >= 0:
+            raise InputError(f"{flag} must be >= 0, got {value}")
+    if args.direction != "text->image" and (args.corrupt is not None or args.mistakes is not None):
+        raise InputError("--direction chooses what the generation bench makes; --corrupt and --mistakes take "
+                         "real data of one --modality instead")
     check_seed(args.seed, "--seed")
     options = {k: v for k, v in _refine_options(args).items() if k != "temperature"}
     try:  # the refine loop's own check (rounds, fraction, threshold, patience), named as flags
@@ -205,11 +210,11 @@ def _cmd_bench_refine_plot(args) -> int:
     from unimodal.bench_refine import plot_refine
     from unimodal.cli_common import read_report
 
-    what = "a text->image bench_refine.json (--corrupt and --mistakes reports have no curves)"
+    what = "a generation bench_refine.json (--corrupt and --mistakes reports have no curves)"
     reports = [read_report(name, what, ("refine", "best_of")) for name in args.reports]
-    if len({(r["n"], r["seed"], r.get("split")) for r in reports}) > 1:
-        raise InputError("the reports measure different cases (n, seed or split differ); one figure compares "
-                         "methods on the same cases")
+    if len({(r["n"], r["seed"], r.get("split"), r.get("direction", "text->image")) for r in reports}) > 1:
+        raise InputError("the reports measure different cases (n, seed, split or direction differ); one figure "
+                         "compares methods on the same cases")
     out = user_path(args.out, "--out", OutputPathError)
     print(plot_refine(reports, out))
     return 0
@@ -348,8 +353,14 @@ def _scene_bench(bench, name: str, help: str):
 
 
 def add_bench_refine_command(bench) -> None:
-    sub = _scene_bench(bench, "refine", "text->image judged accuracy: no refine vs refine (per critic, per round) "
-                                        "vs best-of-N, with forward passes (needs unimodal[eval])")
+    sub = _scene_bench(bench, "refine", "text->image (or image->text) judged accuracy: no refine vs refine (per "
+                                        "critic, per round) vs best-of-N, with forward passes (needs unimodal[eval])")
+    sub.add_argument("--direction", default="text->image", choices=["text->image", "image->text"],
+                     help="what the generation bench makes: pictures from captions (default) or captions of "
+                          "pictures (quote it: '>' redirects in a shell)")
+    sub.add_argument("--best-of-temperature", type=float, default=None,
+                     help="sampling temperature of the best-of-N draws after the first (default: 1.0 for captions, "
+                          "whose greedy draws are all the same; the model's own for pictures)")
     sub.add_argument("--rounds", type=int, default=3)
     sub.add_argument("--best-of", type=_positive("--best-of"), default=4)
     sub.add_argument("--critics", default="confidence,random",
@@ -358,12 +369,14 @@ def add_bench_refine_command(bench) -> None:
     sub.add_argument("--seed", type=int, default=0)
     sub.add_argument("--batch-size", type=_positive("--batch-size"), default=16)
     sub.add_argument("--temperature", type=float, default=None, help="sampling temperature of the regenerations "
-                     "(default: the model's for images)")
+                     "(default: the model's for the output: greedy for captions, so a caption re-masked where the "
+                     "critic flags it comes back the same; 1.0 lets refine try other words)")
     sub.add_argument("--fraction", type=float, default=None, help="most tokens a round flags, as a share (0.25)")
     sub.add_argument("--threshold", type=float, default=None,
                      help="flag only tokens scored below this (default: the critic's own, as in refine)")
     sub.add_argument("--evaluator", default=None, choices=["critic", "agreement"], help="what keeps a refine round: "
-                     "the critic's own score (default) or the caption read back from the picture (agreement)")
+                     "the critic's own score (default) or the input read back from the output (agreement: the "
+                     "caption from the picture, or the picture from the caption)")
     sub.add_argument("--patience", type=int, default=None, help="refine rounds in a row not kept before it stops (1)")
     sub.add_argument("--corrupt", type=float, default=None, help="instead: corrupt this share of the codes of the "
                      "real test pictures and measure how much refine restores (and each critic's AUROC)")
