@@ -372,7 +372,10 @@ def regions_from_flags(layout: Layout, flags: Mapping[str, torch.Tensor], scores
             groups = _runs(flags[modality])
             made = [text_region(offsets, g, text) for g in groups]
         for region, group in zip(made, groups):
-            indices = region_indices(layout, region, draft, text_codec).tolist()
+            if modality == "text" and region["chars"][0] >= region["chars"][1]:
+                indices = sorted(int(i) for i in group)  # tokens that decode to no character of their own
+            else:
+                indices = region_indices(layout, region, draft, text_codec).tolist()
             regions.append({**region, "indices": indices,
                             "score": round(float(scores[modality][indices].mean()), 4)})
     return regions
@@ -405,11 +408,20 @@ def _pair_or_box(region: Mapping, key: str, size: int) -> list[float]:
 
 
 def selection_of(layout: Layout, regions: Sequence[Mapping], draft: Draft, text_codec=None) -> dict[str, torch.Tensor]:
-    """Bool mask per target modality over its content tokens: the union of the regions."""
+    """Bool mask per target modality over its content tokens: the union of the regions (a region that carries
+    its token ``indices``, as the critic's and a planned caller's do, selects exactly those)."""
     tokens = draft.tokens(layout)
     chosen = {m: torch.zeros(len(ids), dtype=torch.bool) for m, ids in tokens.items()}
     for region in regions:
-        chosen[region["modality"]][region_indices(layout, region, draft, text_codec)] = True
+        given, modality = region.get("indices"), region.get("modality")
+        if given is None or modality not in chosen:
+            where = region_indices(layout, region, draft, text_codec)  # names the region's problem, if any
+        else:
+            where = torch.as_tensor(given, dtype=torch.long).reshape(-1)
+            if len(where) and not (0 <= int(where.min()) and int(where.max()) < len(chosen[modality])):
+                raise InputError(f"a {modality} region's indices must lie in 0..{len(chosen[modality]) - 1}, "
+                                 f"got {given}")
+        chosen[modality][where] = True
     return chosen
 
 

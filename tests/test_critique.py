@@ -101,6 +101,20 @@ def test_bad_regions_say_what_a_region_is(pipe, image_result):
         region_indices(pipe.layout, {"modality": "image", "box": [0, 0, 8]}, draft)
 
 
+def test_a_region_with_its_indices_selects_exactly_those(pipe, image_result):
+    """The critic's regions carry their token indices (a text token that decodes to no character of its own has
+    an empty character span, so only its index says where it is); a selection takes them as they are."""
+    from unimodal.inference.critique import selection_of
+
+    draft = make_draft(pipe.layout, [], {"image": torch.tensor(image_result.token_ids["image"])})
+    chosen = selection_of(pipe.layout, [{"modality": "image", "box": [0, 0, 64, 64], "indices": [3, 9]}], draft)
+    assert chosen["image"].nonzero().flatten().tolist() == [3, 9]
+    whole = selection_of(pipe.layout, [{"modality": "image", "box": [0, 0, 16, 8]}], draft)  # no indices: the box
+    assert whole["image"].nonzero().flatten().tolist() == [0, 1]
+    with pytest.raises(InputError, match="indices must lie in 0..63"):
+        selection_of(pipe.layout, [{"modality": "image", "box": [0, 0, 8, 8], "indices": [64]}], draft)
+
+
 # ---- critics ----------------------------------------------------------------------------------------------------
 
 
@@ -251,6 +265,41 @@ def test_refine_of_text_and_audio_keeps_everything_outside_its_regions(pipe):
     old, new = clip.token_ids["audio"], fixed.token_ids["audio"]
     assert all(i < len(new) and new[i] == old[i] for i in range(len(old)) if i not in chosen)
     assert all("seconds" in region for r in trace["rounds"] for region in r["regions"])
+
+
+def test_a_caption_read_from_an_input_is_refined_by_its_own_defaults(pipe, image_result, monkeypatch):
+    """A caption the model wrote from a picture: flagged below 0.9, redrawn at temperature 1.0, kept by agreement
+    (one model call reading the picture back), retried until ``rounds`` rounds in a row were not kept; every one
+    of those only where the caller gives none. Other outputs, and captions from elsewhere, keep the critic's own
+    defaults."""
+    import unimodal.inference.refine as loop
+    from unimodal.refine import CAPTION_REFINE, as_result
+
+    grey = np.full((64, 64, 3), 90, np.uint8)
+    caption = pipe.generate(image=grey, to="text", seed=1, max_text_tokens=10, **FAST)
+    calls = []
+    real = loop.agreement_score
+    monkeypatch.setattr(loop, "agreement_score", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fixed, trace = pipe.refine(caption, image=grey, rounds=2, **FAST)
+    assert trace["evaluator"] == "agreement" and calls  # the picture read back from each candidate caption
+    assert trace["config"]["patience"] == 2 and trace["config"]["threshold"] == CAPTION_REFINE["threshold"] == 0.9
+    assert trace["thresholds"] == {"text": 0.9} and trace["regen_temperature"] == 1.0
+    assert pipe.critique(caption, image=grey).thresholds == {"text": 0.9}  # flagged where refine would redo it
+    chosen = {i for r in trace["rounds"] if r["kept"] for region in r["regions"] for i in region["indices"]}
+    old, new = caption.token_ids["text"], fixed.token_ids["text"]
+    assert all(i < len(new) and new[i] == old[i] for i in range(len(old)) if i not in chosen)
+    _, given = pipe.refine(caption, image=grey, rounds=2, evaluator="critic", patience=1, threshold=0.3,
+                           temperature=0.0, **FAST)
+    assert given["evaluator"] == "confidence" and given["config"]["patience"] == 1
+    assert given["thresholds"] == {"text": 0.3} and given["regen_temperature"] == 0.0
+    _, drawn = pipe.refine(image_result, text=PROMPT, rounds=1, **FAST)  # a picture: the critic's own defaults
+    assert drawn["evaluator"] == "confidence" and drawn["config"]["patience"] == 1
+    assert drawn["thresholds"] == {"image": CONFIDENCE_THRESHOLDS["image"]}
+    assert drawn["regen_temperature"] == pipe.generate(text=PROMPT, to="image", seed=0, **FAST).settings["temperature"]
+    given_caption = as_result(pipe, caption.text or "a", "text")  # a caption from elsewhere: the critic's defaults
+    _, elsewhere = pipe.refine(given_caption, image=grey, rounds=1, **FAST)
+    assert elsewhere["evaluator"] == "confidence" and elsewhere["thresholds"] == {"text": CONFIDENCE_THRESHOLDS["text"]}
+    assert elsewhere["regen_temperature"] == 0.0
 
 
 def test_a_perfect_critic_leaves_a_right_sample_alone_and_finds_a_corrupted_ones_errors(pipe, image_result):
@@ -618,4 +667,5 @@ def test_bench_refine_repair_mode_and_auroc(tiny_codec_dir, tmp_path, capsys):
     assert code == 0, err
     report = json.loads((tmp_path / "text" / "bench_refine.json").read_text())
     assert report["modality"] == "text" and 0 <= report["critics"]["confidence"]["auroc"] <= 1
-    assert report["critics"]["confidence"]["threshold"] == CONFIDENCE_THRESHOLDS["text"]  # the critic's default
+    # corrupted captions are given as tokens, not written by the model: the critic's own default
+    assert report["critics"]["confidence"]["threshold"] == CONFIDENCE_THRESHOLDS["text"]

@@ -317,10 +317,10 @@ def add_refine_commands(sub) -> None:
     refine.add_argument("--rounds", type=int, default=3)
     refine.add_argument("--budget", type=int, default=None, help="most forward passes in all")
     refine.add_argument("--trace", default=None, help="write the JSON trace of every round here")
-    refine.add_argument("--evaluator", default="critic", choices=["critic", "agreement"], help="what keeps a "
+    refine.add_argument("--evaluator", default=None, choices=["critic", "agreement"], help="what keeps a "
                         "round: the critic's own score (default), or agreement: --prompt read back from the output "
                         "by the model became likelier")
-    refine.add_argument("--patience", type=_positive("--patience"), default=1, help="rounds in a row not kept "
+    refine.add_argument("--patience", type=_positive("--patience"), default=None, help="rounds in a row not kept "
                         "before it stops; each retry re-plans and samples anew (1)")
     refine.set_defaults(func=_cmd_refine)
     edit = sub.add_parser("edit", help="regenerate one region of an output from a new description, or follow an "

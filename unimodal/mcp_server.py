@@ -267,11 +267,11 @@ def refine_tool(runner: Runner):
         fraction: Fraction = None,
         threshold: Threshold = None,
         check: Check = False,
-        evaluator: Annotated[Literal["critic", "agreement"], Field(
-            description="what keeps a round: the critic's own score, or agreement (the prompt read back from the "
-                        "output by the model became likelier; needs prompt)")] = "critic",
-        patience: Annotated[int, Field(ge=1, description="rounds in a row not kept before it stops; each retry "
-                                                         "re-plans and samples anew")] = 1,
+        evaluator: Annotated[Literal["critic", "agreement"] | None, Field(
+            description="what keeps a round: the critic's own score (default), or agreement (the prompt read back "
+                        "from the output by the model became likelier; needs prompt)")] = None,
+        patience: Annotated[int | None, Field(ge=1, description="rounds in a row not kept before it stops; each "
+                                                                "retry re-plans and samples anew (default 1)")] = None,
         regions: Annotated[list[dict[Literal["box", "seconds", "chars"], list[float]]] | None, Field(
             description="your plan for the first round instead of the critic's, e.g. [{'box': [0, 16, 32, 48]}] "
                         "(pixels x0, y0, x1, y1), [{'seconds': [0.5, 1.0]}] or [{'chars': [2, 7]}]")] = None,

@@ -36,6 +36,16 @@ from unimodal.core.paths import atomic_write
 from unimodal.results import GenerationResult
 
 HEAT_SCALE = 4  # the heat map is drawn at 4x the picture's size, so 8-pixel codes are easy to see
+# Refining a caption the model wrote from an input (a picture it read, speech it heard), unless the caller says
+# otherwise: the confidence critic flags the words the model gave less than 0.9 (its own default, 0.05, is set
+# for corrupted words and flags nothing in a caption the model wrote itself), they are sampled again at
+# temperature 1.0 (a greedy redraw writes the same words back), a round is kept when the input read back from
+# the caption (the picture drawn from it) became likelier, and the loop retries until ``rounds`` rounds in a row
+# were not kept. Measured on r10 (docs/critique.md, "Reading pictures, refined"): reading 200 test pictures
+# 0.695 -> 0.760 at 17 forward passes against 8.5 (3 rounds), no right caption broken; the critic's own defaults
+# change no caption at all. A caption from elsewhere (a file, a corrupted one) keeps those defaults: on 64
+# captions with 25% of their words corrupted they repair 0.859 right, this recipe 0.781.
+CAPTION_REFINE = {"threshold": 0.9, "temperature": 1.0, "evaluator": "agreement"}
 
 
 @dataclass
@@ -109,6 +119,18 @@ def _modality_of(content) -> str:
     return "text"
 
 
+def is_caption_from_input(draft: Draft) -> bool:
+    """Whether the draft is text alone, read against an input (a picture or speech): with :func:`was_sampled`,
+    what :data:`CAPTION_REFINE` refines."""
+    return bool(draft.conditions) and [s.modality for s in draft.target.spans] == ["text"]
+
+
+def was_sampled(result: GenerationResult) -> bool:
+    """Whether the result came from the model's sampler (``generate``, or ``refine`` of such a result), not from
+    a file or from tokens given as they are: its settings name the sampler's mode."""
+    return bool((result.settings or {}).get("mode"))
+
+
 def draft_of(pipe, result: GenerationResult, inputs: Mapping) -> Draft:
     """The result's tokens as a draft, with the inputs (text / image / audio) encoded as its conditions. A result
     the model planned in words (``plan="text"`` without a text output) also reads those words, as its outputs
@@ -172,11 +194,15 @@ def require_trained_critic(pipe, critic) -> None:
 
 def critique(pipe, result, text=None, image=None, audio=None, critic="confidence", fraction: float = 0.25,
              threshold: float | None = None, groups: int = 4, cfg=None, check: bool = False, seed: int = 0) -> Critique:
-    """Per-token scores, flagged regions and a picture of them; ``check`` also reads the output back."""
+    """Per-token scores, flagged regions and a picture of them; ``check`` also reads the output back. A caption
+    the model wrote from an input is flagged, by default, where :func:`refine` would redo it
+    (:data:`CAPTION_REFINE`)."""
     require_trained_critic(pipe, critic)
     result = as_result(pipe, result)
     with pipe._lock:
         draft = draft_of(pipe, result, {"text": text, "image": image, "audio": audio})
+        if threshold is None and critic == "confidence" and is_caption_from_input(draft) and was_sampled(result):
+            threshold = CAPTION_REFINE["threshold"]  # the words refine would redo (see refine)
         config = RefineConfig(fraction=fraction, threshold=threshold, groups=groups, seed=seed)
         score = make_critic(critic, pipe.backbone, pipe.layout, _scoring_cfg(pipe, draft, cfg), config.groups, seed)
         scores, passes = score(draft)
@@ -260,7 +286,7 @@ def speech_span(duration: float, text: str, start: int, length: int, half: float
 def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, budget: int | None = None,
            critic="confidence", fraction: float = 0.25, threshold: float | None = None, groups: int = 4,
            regen_steps: int | None = None, regions: Sequence[Mapping] | None = None, check: bool = False,
-           cfg=None, seed: int = 0, evaluator: str = "critic", patience: int = 1, on_round=None,
+           cfg=None, seed: int = 0, evaluator: str | None = None, patience: int | None = None, on_round=None,
            **settings) -> tuple[GenerationResult, dict]:
     """Re-mask flagged regions and regenerate them, round by round; the refined result and the trace.
 
@@ -271,22 +297,31 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
     the loop stops (each retry re-plans and samples anew); ``settings``: sampler settings of the regenerations (as
     :meth:`UniModal.generate` takes them; their steps are set per round unless ``regen_steps``);
     ``on_round(r, result)``: called after each round that ran with the result as it stands (for benchmarks).
+    Defaults: ``evaluator`` "critic" and ``patience`` 1, except for a caption the model wrote from an input,
+    which is refined by :data:`CAPTION_REFINE` (each of its settings only where the caller gives none) with
+    ``patience`` equal to ``rounds``; the trace's ``config`` and ``regen_temperature`` say what ran.
     """
     require_trained_critic(pipe, critic)
     result = as_result(pipe, result)
-    config = RefineConfig(rounds=rounds, budget=budget, fraction=fraction, threshold=threshold, groups=groups,
-                          regen_steps=regen_steps, seed=seed, evaluator=evaluator,
-                          patience=patience)
     report = cross_modal_check(pipe, result, text, seed) if check else None
     if report is not None and report.get("regions") and regions is None:
         regions = report["regions"]
     with pipe._lock:
         draft = draft_of(pipe, result, {"text": text, "image": image, "audio": audio})
+        caption = is_caption_from_input(draft) and was_sampled(result)
+        if caption:
+            threshold = CAPTION_REFINE["threshold"] if threshold is None and critic == "confidence" else threshold
+            settings.setdefault("temperature", CAPTION_REFINE["temperature"])
+        config = RefineConfig(rounds=rounds, budget=budget, fraction=fraction, threshold=threshold, groups=groups,
+                              regen_steps=regen_steps, seed=seed,
+                              evaluator=evaluator or (CAPTION_REFINE["evaluator"] if caption else "critic"),
+                              patience=patience or (max(rounds, 1) if caption else 1))
         sampler = pipe._sampler_config(settings, pipe.scheduler.target_kind([s.modality for s in draft.target.spans]))
         final, confidence, trace = refine_draft(pipe.backbone, pipe.layout, draft, sampler, critic, config,
                                                 _scoring_cfg(pipe, draft, cfg), pipe.text_codec, regions,
                                                 {m: torch.tensor(v) for m, v in result.confidence.items()},
                                                 _round_hook(pipe, on_round))
+    trace["regen_temperature"] = sampler.temperature
     if report is not None:
         trace["check"] = report
         trace["forward_passes"] += report.get("forward_passes", 0)
