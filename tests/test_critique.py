@@ -588,6 +588,9 @@ def test_bench_refine_reads_pictures_too(tiny_codec_dir, tmp_path, capsys, monke
     assert {r["selector"] for r in report["best_of"]} == {"confidence", "agreement"}
     rows = report["refine"]["confidence"]["rounds"]
     assert 0 <= rows[1]["accuracy"] <= 1 and rows[1]["forward_passes"] >= rows[0]["forward_passes"]
+    assert report["refine"]["confidence"]["ran"] == {"evaluator": "agreement", "patience": 1,
+                                                     "thresholds": {"text": 0.9}, "regen_temperature": 1.0}
+    assert "refine confidence ran: kept by agreement, patience 1" in out
     code, _, err = run(capsys, "bench", "refine-plot", tmp_path / "bench" / "bench_refine.json", "--out",
                        tmp_path / "read.png")
     assert code == 0, err

@@ -84,12 +84,15 @@ def _refined(pipe, cases, base, judges, critic, rounds: int, seed: int, groups: 
     verdicts = np.zeros((n, rounds + 1), dtype=bool)  # [case, after round r]; a case that stopped keeps its last
     passes = np.zeros((n, rounds + 1))
     stops: dict[str, int] = {}
+    ran = None  # what the loop resolved (evaluator, patience, thresholds, temperature), the same for every case
     verdicts[:, 0] = direction.verdicts(cases, [direction.output(r) for r in base], judges)
     for i, (case, result) in enumerate(zip(cases, base)):
         seen = {}
         _, trace = pipe.refine(result, **direction.inputs(case), rounds=rounds, critic=critic, groups=groups,
                                seed=seed + i, **options,
                                on_round=lambda r, res: seen.__setitem__(r, direction.output(res)))
+        ran = ran or {"evaluator": trace["evaluator"], "patience": trace["config"]["patience"],
+                      "thresholds": trace["thresholds"], "regen_temperature": trace.get("regen_temperature")}
         spent = np.cumsum([trace["scoring_passes_initial"]] + [x["forward_passes"] for x in trace["rounds"]])
         for r in range(1, rounds + 1):
             verdicts[i, r] = (direction.verdicts([case], [seen[r]], judges)[0] if r in seen
@@ -103,7 +106,7 @@ def _refined(pipe, cases, base, judges, critic, rounds: int, seed: int, groups: 
         rows.append({"round": r, "accuracy": float(after.mean()), "forward_passes": float(base_passes + passes[:, r].mean()),
                      "fix_rate": _rate(~before & after, ~before) if r else None,
                      "break_rate": _rate(before & ~after, before) if r else None})
-    return {"rounds": rows, "stopped": stops,
+    return {"rounds": rows, "stopped": stops, "ran": ran,
             "final_minus_base": paired_difference(verdicts_of(verdicts[:, -1]), verdicts_of(verdicts[:, 0]))}
 
 
@@ -504,6 +507,11 @@ def format_table(report: dict) -> str:
             lines.append(f"refine {critic} minus no refine (same cases): {diff['mean']:+.3f}, 95% CI "
                          f"[{diff['ci95'][0]:+.3f}, {diff['ci95'][1]:+.3f}]")
     stops = "; ".join(f"{c}: {p['stopped']}" for c, p in report["refine"].items())
+    for critic, part in report["refine"].items():
+        ran = part.get("ran")
+        if ran:
+            lines.append(f"refine {critic} ran: kept by {ran['evaluator']}, patience {ran['patience']}, flagged below "
+                         f"{ran['thresholds']}, regenerated at temperature {ran['regen_temperature']}")
     later = report.get("best_of_temperature")
     lines.append(f"n={report['n']} {report.get('direction', 'text->image')} cases, seed {report['seed']}, sampler "
                  f"{report['sampler']}, best-of draws after the first at temperature "
@@ -533,8 +541,11 @@ def plot_refine(reports: Sequence[dict], path) -> Path:
                                                                   if options.get("patience", 1) > 1 else "")
         for critic, part in report["refine"].items():
             rows = part["rounds"]
+            ran = part.get("ran")  # what the loop resolved (the library's defaults included), when recorded
+            label = tag if not ran else f"kept by {ran['evaluator']}" + (
+                f", patience {ran['patience']}" if ran["patience"] > 1 else "")
             axis.plot([r["forward_passes"] for r in rows], [r["accuracy"] for r in rows], "-o", markersize=3,
-                      label=f"refine {critic}, {tag}")
+                      label=f"refine {critic}, {label}")
         by_selector: dict[str, list] = {}
         for row in report.get("best_of", []):
             by_selector.setdefault(row.get("selector", "confidence"), []).append(row)
@@ -545,10 +556,11 @@ def plot_refine(reports: Sequence[dict], path) -> Path:
             seen.add(key)
             axis.plot([r["forward_passes"] for r in rows], [r["accuracy"] for r in rows], "--^", markersize=4,
                       label=f"best-of-N, kept by {selector}")
-            if not oracle_drawn:
+            if not oracle_drawn:  # at the cost of the N draws alone: a perfect selector costs nothing
                 oracle_drawn = True
-                axis.plot([r["forward_passes"] for r in rows], [r["oracle_accuracy"] for r in rows], ":",
-                          color="black", alpha=0.6, label="any of N right (a perfect selector)")
+                one = rows[0]["forward_passes"]
+                axis.plot([r["n"] * one for r in rows], [r["oracle_accuracy"] for r in rows], ":",
+                          color="black", alpha=0.6, label="any of N right (a perfect selector, free)")
     direction = reports[0].get("direction", "text->image")
     output, judge, inputs = (("caption", "caption grammar", "pictures") if direction == "image->text"
                              else ("picture", "scene judge", "captions"))
