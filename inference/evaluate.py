@@ -189,6 +189,22 @@ def generate_direction(pipe, direction: str, cases: Sequence[EvalCase], settings
     return results, (time.perf_counter() - start) / max(len(requests), 1)
 
 
+def refine_direction(pipe, direction: str, cases: Sequence[EvalCase], results: Sequence, rounds: int, seed: int,
+                     progress: bool = True) -> tuple[list, float]:
+    """Each output refined (``UniModal.refine`` with its defaults for that output, ``rounds`` rounds, seed
+    ``seed + i``) against the input it was made from; the refined results (their ``forward_passes`` count the
+    refine's too) and the wall time per sample."""
+    from tqdm.auto import tqdm
+
+    conditions, _ = parse_direction(direction)
+    refined, start = [], time.perf_counter()
+    for index, (case, result) in enumerate(tqdm(list(zip(cases, results)), desc=f"{direction} (refine)",
+                                                disable=not progress, leave=False)):
+        inputs = {m: getattr(case, m) for m in conditions}
+        refined.append(pipe.refine(result, **inputs, rounds=rounds, seed=seed + index)[0])
+    return refined, (time.perf_counter() - start) / max(len(results), 1)
+
+
 def score_direction(direction: str, cases: Sequence[EvalCase], results: Sequence, judges: Judges) -> list[dict]:
     """One score dict per case (the transcripts of generated speech are kept in them)."""
     _, targets = parse_direction(direction)
@@ -309,9 +325,14 @@ def reference_figures(cases: Sequence[EvalCase], judges: Judges, progress: bool 
 
 def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECTIONS, settings: dict | None = None,
              seed: int = 0, judges: Judges | None = None, batch_size: int = 16, progress: bool = True,
-             on_direction: Callable[[str, dict], None] | None = None, joint_n: int | None = None) -> dict:
+             on_direction: Callable[[str, dict], None] | None = None, joint_n: int | None = None,
+             refine_rounds: int = 0) -> dict:
     """Generate and judge every direction; returns the report (figures, settings, samples for the grids).
-    ``joint_n``: samples of joint generation (it reads no case, so it needs no more than a sample size)."""
+    ``joint_n``: samples of joint generation (it reads no case, so it needs no more than a sample size);
+    ``refine_rounds`` > 0: each output is then refined against its input (:func:`refine_direction`; joint, which
+    has no input, is not), and judged as refined."""
+    if isinstance(refine_rounds, bool) or not isinstance(refine_rounds, int) or refine_rounds < 0:
+        raise InputError(f"refine_rounds must be an int >= 0, got {refine_rounds!r}")
     if not cases:
         raise InputError("unimodal eval needs at least one case")
     judges, settings = judges or Judges(), dict(settings or {})
@@ -326,8 +347,14 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
         candidates = candidates_used(pipe, direction, settings)
         results, wall = generate_direction(pipe, direction, usable, {**settings, "candidates": candidates}, seed,
                                            batch_size, progress)
+        refined = refine_rounds > 0 and direction != "joint"
+        if refined:
+            results, refine_wall = refine_direction(pipe, direction, usable, results, refine_rounds, seed, progress)
+            wall += refine_wall
         scores = score_direction(direction, usable, results, judges)
         figures[direction] = summarize(direction, usable, results, scores, wall)
+        if refined:
+            figures[direction]["refine_rounds"] = refine_rounds
         if (settings.get("candidates") or 1) > 1:
             figures[direction]["candidates"] = candidates
             drawn = [(r.settings.get("candidates") or {}).get("drawn", 1) for r in results]
@@ -336,7 +363,8 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
         if on_direction is not None:
             on_direction(direction, figures[direction])
     return {"figures": figures, "reference": reference_figures(cases, judges, progress), "seed": seed,
-            "settings": settings, "autoregressive": bool(getattr(pipe, "autoregressive", False)),
+            "settings": settings, "refine_rounds": refine_rounds,
+            "autoregressive": bool(getattr(pipe, "autoregressive", False)),
             "cases": {kind: sum(c.kind == kind for c in cases) for kind in sorted({c.kind for c in cases})},
             "_samples": samples}
 
@@ -407,6 +435,9 @@ def format_table(report: dict) -> str:
     lines.append("reference (judges on the real data): " + ", ".join(f"{k}={_fmt(v)}" for k, v in ref.items()))
     lines.append(f"accuracy: judged correct (joint: image, caption and speech agree); seed {report['seed']}; "
                  f"settings given {json.dumps(report['settings'])}")
+    if report.get("refine_rounds"):
+        lines.append(f"every output but joint refined against its input, {report['refine_rounds']} rounds with "
+                     f"refine's defaults for it; passes and s/sample include the refine")
     for direction, fig in report["figures"].items():
         if fig.get("sampler"):
             lines.append(f"  {direction} sampled with {json.dumps(fig['sampler'])}")

@@ -219,6 +219,44 @@ def test_eval_with_candidates_judges_the_kept_draw(caption_model, tmp_path, caps
     assert "needs candidates > 1" in capsys.readouterr().err
 
 
+def test_eval_refine_rounds_judges_each_output_as_refined(caption_model, tmp_path, capsys, monkeypatch):
+    """--refine-rounds refines every case's output against its own input (seeded as its request), with refine's
+    defaults, and the figures count the refine's passes; joint (no input) is not refined."""
+    from unimodal.pipeline import UniModal
+
+    calls = []
+    original = UniModal.refine
+
+    def spy(self, result, **kwargs):
+        calls.append(kwargs)
+        return original(self, result, **kwargs)
+
+    monkeypatch.setattr(UniModal, "refine", spy)
+    base = ["eval", "--model", str(caption_model), "--data", "scenes", "--n", "2", "--directions", "image->text",
+            "--steps", "2"]
+    assert main(base + ["--out", str(tmp_path / "plain")]) == 0 and calls == []
+    assert main(base + ["--refine-rounds", "2", "--out", str(tmp_path / "refined")]) == 0
+    cases, _ = load_cases("scenes", "test", 2, speech=False)
+    assert [sorted(k) for k in calls] == [["image", "rounds", "seed"]] * 2
+    assert [k["seed"] for k in calls] == [0, 1] and all(k["rounds"] == 2 for k in calls)
+    assert all(np.array_equal(k["image"], c.image) for k, c in zip(calls, cases))
+    plain = json.loads((tmp_path / "plain" / "eval.json").read_text())
+    refined = json.loads((tmp_path / "refined" / "eval.json").read_text())
+    assert refined["refine_rounds"] == 2 and refined["figures"]["image->text"]["refine_rounds"] == 2
+    assert "refine_rounds" not in plain["figures"]["image->text"]
+    assert refined["figures"]["image->text"]["forward_passes"] > plain["figures"]["image->text"]["forward_passes"]
+    assert "refined against its input, 2 rounds" in capsys.readouterr().out
+    calls.clear()
+    assert main(base[:8] + ["joint", "--joint-n", "2", "--steps", "2", "--refine-rounds", "1",
+                            "--out", str(tmp_path / "joint")]) == 0
+    assert calls == []
+    assert main(base + ["--refine-rounds", "-1", "--out", str(tmp_path / "bad")]) == 2
+    assert "--refine-rounds must be a whole number >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(InputError, match="refine_rounds must be an int >= 0"):
+        evaluate(object(), cases, refine_rounds=-1)
+
+
 def _same_but_time(a, b):
     strip = lambda f: {d: {k: v for k, v in x.items() if k != "wall_s_per_sample"} for d, x in f.items()}  # noqa: E731
     return strip(a["figures"]) == strip(b["figures"])

@@ -31,6 +31,8 @@ def _cmd_eval(args) -> int:
 
     directions = _directions(args.directions, DIRECTIONS)
     settings = _settings(args)
+    if args.refine_rounds < 0:
+        raise InputError(f"--refine-rounds must be a whole number >= 0, got {args.refine_rounds}")
     model_dir = resolve_model_dir(args.model)
     pipe = load_pipeline(model_dir, args.device)
     needs_speech = any("audio" in d or d == "joint" for d in directions)
@@ -39,7 +41,7 @@ def _cmd_eval(args) -> int:
         print(f"note: {note}", file=sys.stderr)
     report = evaluate(pipe, cases, directions, settings, seed=args.seed, batch_size=args.batch_size,
                       on_direction=lambda d, f: print(f"done: {d}", file=sys.stderr, flush=True),
-                      joint_n=args.joint_n)
+                      joint_n=args.joint_n, refine_rounds=args.refine_rounds)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), data=args.data, split=args.split,
                   n_per_data_set=args.n, joint_n=args.joint_n, notes=notes)
     print(format_table(report))
@@ -94,6 +96,9 @@ def add_eval_command(sub) -> None:
                     "(captions by default), are sampled once")
     ev.add_argument("--accept-confidence", type=float, default=None, help="with --candidates: keep a case's first "
                     "draw when its confidence score (mean log-probability, e.g. -0.1) reaches this, else draw them all")
+    ev.add_argument("--refine-rounds", type=int, default=0, help="then refine each output against its input for "
+                    "up to this many rounds, with refine's defaults for that output (a caption read from a picture: "
+                    "doubtful words redrawn and kept by agreement), and judge it as refined; joint is not refined")
     _add_sampling_flags(ev, temperature_default=None)
     ev.set_defaults(func=_cmd_eval)
 
