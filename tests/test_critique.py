@@ -292,6 +292,8 @@ def test_a_caption_read_from_an_input_is_refined_by_its_own_defaults(pipe, image
                            temperature=0.0, **FAST)
     assert given["evaluator"] == "confidence" and given["config"]["patience"] == 1
     assert given["thresholds"] == {"text": 0.3} and given["regen_temperature"] == 0.0
+    with pytest.raises(InputError, match="patience must be an int >= 1"):  # refused, not taken as the default
+        pipe.refine(caption, image=grey, patience=0, **FAST)
     _, drawn = pipe.refine(image_result, text=PROMPT, rounds=1, **FAST)  # a picture: the critic's own defaults
     assert drawn["evaluator"] == "confidence" and drawn["config"]["patience"] == 1
     assert drawn["thresholds"] == {"image": CONFIDENCE_THRESHOLDS["image"]}

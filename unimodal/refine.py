@@ -302,6 +302,10 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
     ``patience`` equal to ``rounds``; the trace's ``config`` and ``regen_temperature`` say what ran.
     """
     require_trained_critic(pipe, critic)
+    given = dict(rounds=rounds, budget=budget, fraction=fraction, threshold=threshold, groups=groups,
+                 regen_steps=regen_steps, seed=seed)
+    RefineConfig(**given, evaluator="critic" if evaluator is None else evaluator,
+                 patience=1 if patience is None else patience)  # refused before any work, as given
     result = as_result(pipe, result)
     report = cross_modal_check(pipe, result, text, seed) if check else None
     if report is not None and report.get("regions") and regions is None:
@@ -310,12 +314,14 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
         draft = draft_of(pipe, result, {"text": text, "image": image, "audio": audio})
         caption = is_caption_from_input(draft) and was_sampled(result)
         if caption:
-            threshold = CAPTION_REFINE["threshold"] if threshold is None and critic == "confidence" else threshold
-            settings.setdefault("temperature", CAPTION_REFINE["temperature"])
-        config = RefineConfig(rounds=rounds, budget=budget, fraction=fraction, threshold=threshold, groups=groups,
-                              regen_steps=regen_steps, seed=seed,
-                              evaluator=evaluator or (CAPTION_REFINE["evaluator"] if caption else "critic"),
-                              patience=patience or (max(rounds, 1) if caption else 1))
+            if threshold is None and critic == "confidence":
+                given["threshold"] = CAPTION_REFINE["threshold"]
+            if settings.get("temperature") is None:
+                settings["temperature"] = CAPTION_REFINE["temperature"]
+        config = RefineConfig(**given,
+                              evaluator=evaluator if evaluator is not None else (
+                                  CAPTION_REFINE["evaluator"] if caption else "critic"),
+                              patience=patience if patience is not None else (max(rounds, 1) if caption else 1))
         sampler = pipe._sampler_config(settings, pipe.scheduler.target_kind([s.modality for s in draft.target.spans]))
         final, confidence, trace = refine_draft(pipe.backbone, pipe.layout, draft, sampler, critic, config,
                                                 _scoring_cfg(pipe, draft, cfg), pipe.text_codec, regions,
