@@ -119,16 +119,20 @@ def _modality_of(content) -> str:
     return "text"
 
 
-def is_caption_from_input(draft: Draft) -> bool:
-    """Whether the draft is text alone, read against an input (a picture or speech): with :func:`was_sampled`,
-    what :data:`CAPTION_REFINE` refines."""
-    return bool(draft.conditions) and [s.modality for s in draft.target.spans] == ["text"]
+def is_model_caption(draft: Draft, result: GenerationResult) -> bool:
+    """Whether :data:`CAPTION_REFINE` applies: the draft is text alone, read against an input (a picture or
+    speech), and the result came from the model's sampler (``generate``, or ``refine`` of such a result: its
+    settings name the sampler's mode), not from a file or from tokens given as they are."""
+    return (bool(draft.conditions) and [s.modality for s in draft.target.spans] == ["text"]
+            and bool((result.settings or {}).get("mode")))
 
 
-def was_sampled(result: GenerationResult) -> bool:
-    """Whether the result came from the model's sampler (``generate``, or ``refine`` of such a result), not from
-    a file or from tokens given as they are: its settings name the sampler's mode."""
-    return bool((result.settings or {}).get("mode"))
+def _flag_threshold(critic, threshold: float | None, caption: bool) -> float | None:
+    """The threshold a critique or refine flags below: the caller's, else a model caption's for the confidence
+    critic, else None (the critic's own default, :func:`thresholds_for`)."""
+    if threshold is None and caption and critic == "confidence":
+        return CAPTION_REFINE["threshold"]
+    return threshold
 
 
 def draft_of(pipe, result: GenerationResult, inputs: Mapping) -> Draft:
@@ -201,8 +205,7 @@ def critique(pipe, result, text=None, image=None, audio=None, critic="confidence
     result = as_result(pipe, result)
     with pipe._lock:
         draft = draft_of(pipe, result, {"text": text, "image": image, "audio": audio})
-        if threshold is None and critic == "confidence" and is_caption_from_input(draft) and was_sampled(result):
-            threshold = CAPTION_REFINE["threshold"]  # the words refine would redo (see refine)
+        threshold = _flag_threshold(critic, threshold, is_model_caption(draft, result))  # the words refine redoes
         config = RefineConfig(fraction=fraction, threshold=threshold, groups=groups, seed=seed)
         score = make_critic(critic, pipe.backbone, pipe.layout, _scoring_cfg(pipe, draft, cfg), config.groups, seed)
         scores, passes = score(draft)
@@ -302,26 +305,21 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
     ``patience`` equal to ``rounds``; the trace's ``config`` and ``regen_temperature`` say what ran.
     """
     require_trained_critic(pipe, critic)
-    given = dict(rounds=rounds, budget=budget, fraction=fraction, threshold=threshold, groups=groups,
-                 regen_steps=regen_steps, seed=seed)
-    RefineConfig(**given, evaluator="critic" if evaluator is None else evaluator,
-                 patience=1 if patience is None else patience)  # refused before any work, as given
+    config = RefineConfig(rounds=rounds, budget=budget, fraction=fraction, threshold=threshold, groups=groups,
+                          regen_steps=regen_steps, seed=seed, evaluator="critic" if evaluator is None else evaluator,
+                          patience=1 if patience is None else patience)  # refused before any work, as given
     result = as_result(pipe, result)
     report = cross_modal_check(pipe, result, text, seed) if check else None
     if report is not None and report.get("regions") and regions is None:
         regions = report["regions"]
     with pipe._lock:
         draft = draft_of(pipe, result, {"text": text, "image": image, "audio": audio})
-        caption = is_caption_from_input(draft) and was_sampled(result)
-        if caption:
-            if threshold is None and critic == "confidence":
-                given["threshold"] = CAPTION_REFINE["threshold"]
+        if is_model_caption(draft, result):  # its recipe, only where the caller gave none
+            config = replace(config, threshold=_flag_threshold(critic, threshold, True),
+                             evaluator=evaluator or CAPTION_REFINE["evaluator"],
+                             patience=patience or max(rounds, 1))
             if settings.get("temperature") is None:
                 settings["temperature"] = CAPTION_REFINE["temperature"]
-        config = RefineConfig(**given,
-                              evaluator=evaluator if evaluator is not None else (
-                                  CAPTION_REFINE["evaluator"] if caption else "critic"),
-                              patience=patience if patience is not None else (max(rounds, 1) if caption else 1))
         sampler = pipe._sampler_config(settings, pipe.scheduler.target_kind([s.modality for s in draft.target.spans]))
         final, confidence, trace = refine_draft(pipe.backbone, pipe.layout, draft, sampler, critic, config,
                                                 _scoring_cfg(pipe, draft, cfg), pipe.text_codec, regions,
