@@ -301,7 +301,17 @@ def test_a_caption_read_from_an_input_is_refined_by_its_own_defaults(pipe, image
     given_caption = as_result(pipe, caption.text or "a", "text")  # a caption from elsewhere: the critic's defaults
     _, elsewhere = pipe.refine(given_caption, image=grey, rounds=1, **FAST)
     assert elsewhere["evaluator"] == "confidence" and elsewhere["thresholds"] == {"text": CONFIDENCE_THRESHOLDS["text"]}
-    assert elsewhere["regen_temperature"] == 0.0
+    assert elsewhere["regen_temperature"] == 0.0 and elsewhere["caption_recipe"] is False
+    _, declared = pipe.refine(given_caption, image=grey, rounds=1, model_caption=True, **FAST)  # generate wrote it
+    assert declared["caption_recipe"] is True and declared["evaluator"] == "agreement"
+    assert declared["thresholds"] == {"text": 0.9} and declared["regen_temperature"] == 1.0
+    assert pipe.critique(given_caption, image=grey, model_caption=True).thresholds == {"text": 0.9}
+    _, denied = pipe.refine(caption, image=grey, rounds=1, model_caption=False, **FAST)  # the caller knows better
+    assert denied["caption_recipe"] is False and denied["evaluator"] == "confidence"
+    with pytest.raises(InputError, match="model_caption is for a caption read against"):
+        pipe.refine(image_result, text=PROMPT, model_caption=True, **FAST)
+    with pytest.raises(SettingError, match="model_caption must be True, False or None"):
+        pipe.refine(given_caption, image=grey, model_caption="yes", **FAST)
 
 
 def test_a_perfect_critic_leaves_a_right_sample_alone_and_finds_a_corrupted_ones_errors(pipe, image_result):
@@ -513,6 +523,16 @@ def test_critique_refine_and_edit_commands(tiny_model_dir, image_result, tmp_pat
     assert code == 0 and (tmp_path / "edited.png").is_file()
     code, _, err = run(capsys, "refine", *model, "--in", tmp_path / "gen.png", "--critic", "psychic")
     assert code == 2 and "--critic must be one of" in err
+    (tmp_path / "caption.txt").write_text(PROMPT + "\n")  # a caption refined against the picture it describes
+    code, out, _ = run(capsys, "refine", *model, "--in", tmp_path / "caption.txt", "--source", tmp_path / "gen.png",
+                       "--model-caption", "--rounds", "1", "--out", tmp_path / "fixed.txt", "--trace",
+                       tmp_path / "caption.json")
+    trace = json.loads((tmp_path / "caption.json").read_text())
+    assert code == 0 and (tmp_path / "fixed.txt").read_text().strip() and trace["caption_recipe"] is True
+    assert trace["thresholds"] == {"text": 0.9} and trace["evaluator"] == "agreement"
+    code, out, _ = run(capsys, "critique", *model, "--in", tmp_path / "caption.txt", "--source", tmp_path / "gen.png",
+                       "--json")
+    assert code == 0 and json.loads(out)["thresholds"] == {"text": CONFIDENCE_THRESHOLDS["text"]}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -527,6 +547,10 @@ def test_critique_refine_and_edit_commands(tiny_model_dir, image_result, tmp_pat
     (["edit", "--instruction", "paint it like van gogh", "--out", "e.png"], "paint it like van gogh"),
     (["edit", "--box", "0,0,16,16", "--instruction", "make it blue", "--out", "e.png"], "not both"),
     (["edit", "--seconds", "0,1", "--out", "e.png"], "a seconds region is for audio content"),
+    (["refine", "--source", "gen.png"], "--source 'gen.png' is a picture, as is input"),
+    (["refine", "--source", "scene.mp4"], "--source 'scene.mp4': the input the content was made from is a picture"),
+    (["critique", "--source", "missing.wav"], "--source"),
+    (["refine", "--model-caption"], "--model-caption says a caption read against its source"),
 ])
 def test_critique_refine_and_edit_refuse_bad_flags_before_the_model_loads(tmp_path, capsys, monkeypatch, argv,
                                                                           message):

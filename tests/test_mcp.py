@@ -79,6 +79,8 @@ async def self_critique(client, tmp_path):
                                                     "regions": [{"box": [0, 0, 16, 16]}],
                                                     "trace": str(tmp_path / "trace.json")}),
         "bad refine": await client.call_tool("refine", {"input": red, "critic": "psychic"}),
+        "caption refine": await client.call_tool("refine", {"input": str(tmp_path / "caption.txt"), "source": red,
+                                                            "model_caption": True, "rounds": 1}),
         "edit": await client.call_tool("edit", {"input": red, "box": [0, 0, 16, 16], "prompt": "a blue square",
                                                 "out": str(tmp_path / "edited.png")}),
         "bad edit": await client.call_tool("edit", {"input": red, "seconds": [0, 1]}),
@@ -148,9 +150,10 @@ def test_text_comes_back_as_text_and_audio_as_a_file(seen):
 
 def test_the_self_critique_tools_have_a_schema_for_every_argument(seen):
     tools = {t.name: t for t in seen["tools"]}
-    expected = {"critique": {"input", "prompt", "critic", "fraction", "threshold", "check", "out", "seed"},
+    expected = {"critique": {"input", "prompt", "critic", "fraction", "threshold", "check", "out", "seed", "source",
+                             "model_caption"},
                 "refine": {"input", "prompt", "rounds", "budget", "critic", "fraction", "threshold", "check",
-                           "regions", "out", "trace", "seed", "evaluator", "patience"},
+                           "regions", "out", "trace", "seed", "evaluator", "patience", "source", "model_caption"},
                 "edit": {"input", "prompt", "box", "seconds", "chars", "instruction", "out", "trace", "seed",
                          "candidates", "draft"}}
     for name, arguments in expected.items():
@@ -161,6 +164,14 @@ def test_the_self_critique_tools_have_a_schema_for_every_argument(seen):
     assert tools["critique"].input_schema["properties"]["critic"]["enum"] == ["confidence", "learned", "random"]
     evaluator = tools["refine"].input_schema["properties"]["evaluator"]  # optional: the library's default
     assert [choice.get("enum") for choice in evaluator["anyOf"]] == [["critic", "agreement"], None]
+
+
+def test_refine_reads_a_caption_generate_wrote_against_its_picture(seen):
+    refine = seen["caption refine"]
+    assert not refine.is_error, texts(refine)
+    result, trace = (json.loads(text) for text in texts(refine)[-2:])
+    assert os.path.isfile(result["files"]["text"]) and trace["caption_recipe"] is True
+    assert trace["evaluator"] == "agreement" and trace["thresholds"] == {"text": 0.9}
 
 
 def test_critique_returns_its_heat_map_and_the_report(seen):

@@ -44,6 +44,8 @@ def answers(tiny_caption_model_dir, tmp_path_factory):
          "trace": str(tmp / "trace" / "trace.json")},
         {"id": "planned", "op": "refine", "input": red, "prompt": PROMPT, "rounds": 1,
          "regions": [{"box": [0, 0, 16, 16]}]},
+        {"id": "caption", "op": "refine", "input": str(tmp / "caption.txt"), "source": red, "model_caption": True,
+         "rounds": 1, "out": str(tmp / "fixed.txt")},
         {"id": "edit", "op": "edit", "input": red, "box": [0, 0, 16, 16], "prompt": "a small blue square",
          "out": str(tmp / "edited.png")},
         {"id": "speech", "op": "critique", "input": str(tmp / "clip.wav"), "prompt": PROMPT,
@@ -88,6 +90,9 @@ def test_refine_answers_the_result_its_trace_and_files(answers):
     planned = responses["planned"]["result"]
     assert planned["files"] == {}  # no out: the answer alone
     assert planned["trace"]["rounds"][0]["regions"][0]["box"] == [0, 0, 16, 16]
+    caption = responses["caption"]["result"]  # a caption, read against the picture it describes
+    assert caption["modalities"] == ["text"] and caption["files"] == {"text": str((tmp / "fixed.txt").resolve())}
+    assert caption["trace"]["caption_recipe"] is True and caption["trace"]["thresholds"] == {"text": 0.9}
 
 
 def test_edit_changes_only_its_box(answers):
@@ -174,14 +179,25 @@ def test_the_critic_names_mirror_the_critics():
      "only with instruction= on a picture"),
     ("edit", {"input": "PIC", "instruction": "make it blue", "draft": "no"}, SettingError,
      "draft must be true or false"),
+    ("refine", {"input": "CAPTION", "prompt": "a red circle"}, InputError, "give that file as source"),
+    ("critique", {"input": "CAPTION", "source": "x.mp4"}, InputFileError, "a picture .* or a clip"),
+    ("refine", {"input": "CAPTION", "source": "EMPTY"}, InputFileError, "a picture .* or a clip"),
+    ("refine", {"input": "PIC", "source": "PIC"}, InputError, "is a picture, as is input"),
+    ("refine", {"input": "CAPTION", "source": 3}, InputError, "source must be a file path"),
+    ("refine", {"input": "CAPTION", "source": "nowhere.png"}, InputFileError, "source"),
+    ("refine", {"input": "PIC", "model_caption": True}, InputError, "only with both"),
+    ("refine", {"input": "CAPTION", "model_caption": True}, InputError, "only with both"),
+    ("refine", {"input": "CAPTION", "source": "PIC", "model_caption": "yes"}, SettingError,
+     "model_caption must be true or false"),
+    ("edit", {"input": "CAPTION", "chars": [0, 2], "source": "PIC"}, InputError, "unknown key"),
 ])
 def test_each_bad_request_names_its_cause(tmp_path, op, request_, error, match):
     Image.new("RGB", (8, 8)).save(tmp_path / "pic.png")
     (tmp_path / "caption.txt").write_text(PROMPT)
     (tmp_path / "empty.txt").write_text(" \n")
     files = {"PIC": "pic.png", "CAPTION": "caption.txt", "EMPTY": "empty.txt"}
-    if request_.get("input") in files:
-        request_ = {**request_, "input": str(tmp_path / files[request_["input"]])}
+    request_ = {**request_, **{key: str(tmp_path / files[request_[key]]) for key in ("input", "source")
+                               if isinstance(request_.get(key), str) and request_[key] in files}}
     request_ = {key: str(tmp_path / value) if key in ("out", "trace") else value for key, value in request_.items()}
     with pytest.raises(error, match=match):
         check_refine_request(op, request_)
@@ -205,3 +221,8 @@ def test_a_good_request_becomes_the_keywords_of_the_op(tmp_path):
     assert checked.options == {"instruction": "make it blue", "draft": False}
     checked = check_refine_request("refine", {"in": str(tmp_path / "pic.png"), "prompt": "a", "evaluator": "agreement"})
     assert checked.options == {"text": "a", "evaluator": "agreement"}
+    (tmp_path / "caption.txt").write_text("a small red circle\n")
+    checked = check_refine_request("refine", {"in": str(tmp_path / "caption.txt"), "source": str(tmp_path / "pic.png"),
+                                              "model_caption": True})
+    assert checked.modality == "text" and checked.content == "a small red circle"
+    assert checked.options == {"image": str(tmp_path / "pic.png"), "model_caption": True}

@@ -2,7 +2,8 @@
 touched, with the error types :mod:`unimodal.checks` uses for ``generate``.
 
 A request names the content to work on by file (``input``: a picture, a clip or a ``.txt`` caption), the text it
-was made from (``prompt``) and, per op, the plan settings, the region to edit (or, for an instructed edit, the
+was made from (``prompt``) or, for critique and refine, the picture or clip it was made from (``source``: a
+caption's picture, a picture's speech) and, per op, the plan settings, the region to edit (or, for an instructed edit, the
 ``instruction``, understood here by :mod:`unimodal.core.instructions`) and where to write. Like
 :mod:`unimodal.checks` this is a leaf: the critic names mirror :data:`unimodal.inference.critique.CRITICS` (a test keeps
 them in step) because importing that module means importing torch.
@@ -29,7 +30,7 @@ AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
 # A region's key names its modality and its unit: pixels, seconds, characters.
 REGION_KEYS = {"box": "image", "seconds": "audio", "chars": "text"}
 COMMON_KEYS = ("input", "prompt", "out", "seed")
-PLAN_KEYS = ("critic", "fraction", "threshold", "check")
+PLAN_KEYS = ("critic", "fraction", "threshold", "check", "source", "model_caption")
 OP_KEYS = {"critique": COMMON_KEYS + PLAN_KEYS,
            "refine": COMMON_KEYS + PLAN_KEYS + ("rounds", "budget", "regions", "trace", "evaluator", "patience"),
            "edit": COMMON_KEYS + tuple(REGION_KEYS) + ("instruction", "trace", "candidates", "draft")}
@@ -83,6 +84,26 @@ def check_content(value) -> tuple[str, str]:
                          f"a clip ({', '.join(AUDIO_SUFFIXES)}) or a caption (.txt)")
 
 
+def _source(value, modality: str) -> dict:
+    """``source``: the picture or clip the input was made from, as the keyword ``UniModal.critique`` / ``refine``
+    take it (``image=`` or ``audio=``, a checked path); of another kind than the input."""
+    if not isinstance(value, str):
+        raise InputError(f"source must be a file path, got {type(value).__name__}")
+    suffix = Path(value).suffix.lower()
+    if suffix in IMAGE_SUFFIXES:
+        kind, path = "image", check_image_file(value, "source")
+    elif suffix in AUDIO_SUFFIXES:
+        kind, path = "audio", check_audio_file(value, "source")
+    else:
+        raise InputFileError(f"source {value!r}: the input the content was made from is a picture "
+                             f"({', '.join(IMAGE_SUFFIXES)}) or a clip ({', '.join(AUDIO_SUFFIXES)})")
+    if kind == modality:
+        raise InputError(f"source {value!r} is {'a picture' if kind == 'image' else 'a clip'}, as is input: the "
+                         f"source is what the input was made from, of another kind (a caption's picture or clip, "
+                         f"a picture's speech)")
+    return {kind: str(path)}
+
+
 def _caption(value: str) -> str:
     text = check_text(_readable_file(value, "input").read_bytes(), "input").strip()
     if not text:
@@ -96,6 +117,16 @@ def _caption(value: str) -> str:
 def _options(op: str, request: Mapping, modality: str) -> dict:
     """The keywords ``UniModal.<op>`` takes, checked (a None value means the default)."""
     options = {"text": check_text(request["prompt"], "prompt")} if request.get("prompt") is not None else {}
+    if op != "edit" and modality == "text" and "text" in options:
+        raise InputError("prompt is the text a picture or clip was made from; a caption is made from a picture or "
+                         "clip: give that file as source")
+    if request.get("source") is not None:
+        options.update(_source(request["source"], modality))
+    if request.get("model_caption") is not None:
+        if modality != "text" or request.get("source") is None:
+            raise InputError("model_caption says a caption read against its source (a .txt input with source) is "
+                             "the model's own; give it only with both")
+        options["model_caption"] = _flag(request["model_caption"], "model_caption")
     checks = {"seed": _SETTING_CHECKS["seed"], "critic": _critic, "check": _flag,
               "fraction": lambda v: _real_setting("fraction", v, "in (0, 1]", lambda x: 0 < x <= 1),
               "threshold": lambda v: _real_setting("threshold", v, "in (0, 1]", lambda x: 0 < x <= 1),

@@ -2,6 +2,7 @@
 
     unimodal critique --in gen.png --prompt "a small red circle on the left" --out heat.png --json
     unimodal refine --in gen.png --prompt "a small red circle on the left" --rounds 3 --out fixed.png --trace trace.json
+    unimodal refine --in caption.txt --source scene.png --rounds 3 --out fixed.txt
     unimodal edit --in gen.png --box 0,16,32,48 --prompt "a small blue circle on the left" --out edited.png
     unimodal edit --in gen.png --instruction "make the circle blue" --out blue.png --trace edit.json
     unimodal bench refine --n 64 --out bench-refine/
@@ -24,7 +25,7 @@ from unimodal.core.paths import atomic_write, user_path
 FLAGS = {"input": "--in", "prompt": "--prompt", "out": "--out", "seed": "--seed", "critic": "--critic",
          "fraction": "--fraction", "threshold": "--threshold", "rounds": "--rounds", "budget": "--budget",
          "trace": "--trace", "patience": "--patience", "candidates": "--candidates", "draft": "--no-draft",
-         "box": "--box", "seconds": "--seconds", "chars": "--chars", "instruction": "--instruction"}
+         "source": "--source", "model_caption": "--model-caption", "box": "--box", "seconds": "--seconds", "chars": "--chars", "instruction": "--instruction"}
 
 
 def _checked(op: str, args, **keys):
@@ -74,7 +75,7 @@ def _cmd_critique(args) -> int:
     from unimodal.serve_refine import run_critique
 
     checked = _checked("critique", args, critic=args.critic, fraction=args.fraction, threshold=args.threshold,
-                       check=args.check)
+                       check=args.check, source=args.source, model_caption=args.model_caption)
     pipe = load_pipeline(args.model, args.device)
     report, files = run_critique(pipe, checked)
     if args.json:
@@ -95,7 +96,8 @@ def _cmd_refine(args) -> int:
     from unimodal.serve_refine import run_refine
 
     checked = _checked("refine", args, critic=args.critic, fraction=args.fraction, threshold=args.threshold,
-                       check=args.check, rounds=args.rounds, budget=args.budget, trace=args.trace,
+                       check=args.check, source=args.source, model_caption=args.model_caption,
+                       rounds=args.rounds, budget=args.budget, trace=args.trace,
                        evaluator=args.evaluator, patience=args.patience)
     pipe = load_pipeline(args.model, args.device)
     _, files, trace = run_refine(pipe, checked)
@@ -303,6 +305,13 @@ def _add_plan_flags(parser) -> None:
                              "modality, image 0.01, caption 0.05, speech 0.001; 0.5 for the others)")
     parser.add_argument("--check", action="store_true", help="also read the output back with the model "
                                                              "(caption / transcribe) and compare with --prompt")
+    parser.add_argument("--source", default=None, help="the picture or clip the output was made from (its "
+                                                       "condition): a caption's picture (.png) or speech (.wav), "
+                                                       "a picture's speech")
+    parser.add_argument("--model-caption", action="store_true", default=None,
+                        help="--in is a caption the model wrote from --source (e.g. generate wrote it): use the "
+                             "caption recipe (unimodal.refine.CAPTION_REFINE: words below 0.9 redone at "
+                             "temperature 1.0, a round kept when --source read back became likelier)")
 
 
 def add_refine_commands(sub) -> None:

@@ -14,7 +14,7 @@ the first call that passes, so a wrong call is refused at once even then. A refu
 error (``isError``) whose text starts with the error type (``InputFileError: ...``), and the server goes on.
 
 - ``critique``: per-token scores and flagged regions of a picture, clip or caption (``input``, a file) made from
-  ``prompt``; the heat map / score curve comes back as image content plus its file path, the report as JSON text.
+  ``prompt`` (or from the picture / clip ``source``: a caption's picture); the heat map / score curve comes back as image content plus its file path, the report as JSON text.
 - ``refine``: re-mask flagged regions (the critic's or the caller's ``regions``) and regenerate, ``rounds`` times
   within ``budget`` forward passes; the result as ``generate`` returns it, then the trace of every round as a last
   JSON text block.
@@ -230,6 +230,13 @@ Threshold = Annotated[float | None, Field(gt=0, le=1, description="flag only tok
                                                                   "speech 0.001; 0.5 for the others)")]
 Check = Annotated[bool, Field(description="also read the output back with the model (caption the picture, "
                                           "transcribe the speech) and compare with the prompt")]
+Source = Annotated[str | None, Field(description="the picture (.png) or clip (.wav) the input was made from, its "
+                                                 "condition in place of prompt: a caption's picture or speech, a "
+                                                 "picture's speech")]
+ModelCaption = Annotated[bool | None, Field(description="with a .txt input and source: the caption is the model's "
+                                                        "own (generate wrote it), so the caption recipe applies "
+                                                        "(words below 0.9 redone, a round kept when the source read "
+                                                        "back became likelier)")]
 Span = Annotated[list[float], Field(min_length=2, max_length=2)]
 Box = Annotated[list[float], Field(min_length=4, max_length=4)]
 
@@ -244,6 +251,8 @@ def critique_tool(runner: Runner):
         fraction: Fraction = None,
         threshold: Threshold = None,
         check: Check = False,
+        source: Source = None,
+        model_caption: ModelCaption = None,
         out: Annotated[str | None, Field(description="where to write: the heat map / score curve (.png) or the "
                                                      "report (.json). Default: a .png under the server's output "
                                                      "folder (a caption has no picture)")] = None,
@@ -267,6 +276,8 @@ def refine_tool(runner: Runner):
         fraction: Fraction = None,
         threshold: Threshold = None,
         check: Check = False,
+        source: Source = None,
+        model_caption: ModelCaption = None,
         evaluator: Annotated[Literal["critic", "agreement"] | None, Field(
             description="what keeps a round: the critic's own score (default), or agreement (the prompt read back "
                         "from the output by the model became likelier; needs prompt)")] = None,

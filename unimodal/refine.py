@@ -119,12 +119,21 @@ def _modality_of(content) -> str:
     return "text"
 
 
-def is_model_caption(draft: Draft, result: GenerationResult) -> bool:
+def is_model_caption(draft: Draft, result: GenerationResult, declared: bool | None = None) -> bool:
     """Whether :data:`CAPTION_REFINE` applies: the draft is text alone, read against an input (a picture or
     speech), and the result came from the model's sampler (``generate``, or ``refine`` of such a result: its
-    settings name the sampler's mode), not from a file or from tokens given as they are."""
-    return (bool(draft.conditions) and [s.modality for s in draft.target.spans] == ["text"]
-            and bool((result.settings or {}).get("mode")))
+    settings name the sampler's mode), not from a file or from tokens given as they are. ``declared``: the
+    caller's word on the last point (a caption file ``generate`` wrote is the model's, which its tokens cannot
+    tell); None decides from the result."""
+    if declared is not None and not isinstance(declared, bool):
+        raise SettingError(f"model_caption must be True, False or None, got {declared!r}")
+    caption = bool(draft.conditions) and [s.modality for s in draft.target.spans] == ["text"]
+    if declared and not caption:
+        raise InputError("model_caption is for a caption read against the picture or speech it was made from: "
+                         "give that input (image= or audio=) with a text result")
+    if declared is not None:
+        return caption and bool(declared)
+    return caption and bool((result.settings or {}).get("mode"))
 
 
 def _flag_threshold(critic, threshold: float | None, caption: bool) -> float | None:
@@ -197,15 +206,17 @@ def require_trained_critic(pipe, critic) -> None:
 
 
 def critique(pipe, result, text=None, image=None, audio=None, critic="confidence", fraction: float = 0.25,
-             threshold: float | None = None, groups: int = 4, cfg=None, check: bool = False, seed: int = 0) -> Critique:
+             threshold: float | None = None, groups: int = 4, cfg=None, check: bool = False, seed: int = 0,
+             model_caption: bool | None = None) -> Critique:
     """Per-token scores, flagged regions and a picture of them; ``check`` also reads the output back. A caption
     the model wrote from an input is flagged, by default, where :func:`refine` would redo it
-    (:data:`CAPTION_REFINE`)."""
+    (:data:`CAPTION_REFINE`; ``model_caption`` as :func:`refine` takes it)."""
     require_trained_critic(pipe, critic)
     result = as_result(pipe, result)
     with pipe._lock:
         draft = draft_of(pipe, result, {"text": text, "image": image, "audio": audio})
-        threshold = _flag_threshold(critic, threshold, is_model_caption(draft, result))  # the words refine redoes
+        caption = is_model_caption(draft, result, model_caption)
+        threshold = _flag_threshold(critic, threshold, caption)  # the words refine redoes
         config = RefineConfig(fraction=fraction, threshold=threshold, groups=groups, seed=seed)
         score = make_critic(critic, pipe.backbone, pipe.layout, _scoring_cfg(pipe, draft, cfg), config.groups, seed)
         scores, passes = score(draft)
@@ -290,7 +301,7 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
            critic="confidence", fraction: float = 0.25, threshold: float | None = None, groups: int = 4,
            regen_steps: int | None = None, regions: Sequence[Mapping] | None = None, check: bool = False,
            cfg=None, seed: int = 0, evaluator: str | None = None, patience: int | None = None, on_round=None,
-           **settings) -> tuple[GenerationResult, dict]:
+           model_caption: bool | None = None, **settings) -> tuple[GenerationResult, dict]:
     """Re-mask flagged regions and regenerate them, round by round; the refined result and the trace.
 
     ``regions``: the caller's plan for the first round (native units); ``check``: plan the first round from
@@ -302,7 +313,10 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
     ``on_round(r, result)``: called after each round that ran with the result as it stands (for benchmarks).
     Defaults: ``evaluator`` "critic" and ``patience`` 1, except for a caption the model wrote from an input,
     which is refined by :data:`CAPTION_REFINE` (each of its settings only where the caller gives none) with
-    ``patience`` equal to ``rounds``; the trace's ``config`` and ``regen_temperature`` say what ran.
+    ``patience`` equal to ``rounds``; the trace's ``config``, ``regen_temperature`` and ``caption_recipe`` say
+    what ran. ``model_caption``: whether a caption read against its input is the model's own (True: a caption
+    file ``generate`` wrote; False: a person's, or corrupted data), where the result cannot tell (None: a
+    result of ``generate`` is, a file is not).
     """
     require_trained_critic(pipe, critic)
     config = RefineConfig(rounds=rounds, budget=budget, fraction=fraction, threshold=threshold, groups=groups,
@@ -314,7 +328,8 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
         regions = report["regions"]
     with pipe._lock:
         draft = draft_of(pipe, result, {"text": text, "image": image, "audio": audio})
-        if is_model_caption(draft, result):  # its recipe, only where the caller gave none
+        caption = is_model_caption(draft, result, model_caption)
+        if caption:  # its recipe, only where the caller gave none
             config = replace(config, threshold=_flag_threshold(critic, threshold, True),
                              evaluator=evaluator or CAPTION_REFINE["evaluator"],
                              patience=patience or max(rounds, 1))
@@ -325,7 +340,7 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
                                                 _scoring_cfg(pipe, draft, cfg), pipe.text_codec, regions,
                                                 {m: torch.tensor(v) for m, v in result.confidence.items()},
                                                 _round_hook(pipe, on_round))
-    trace["regen_temperature"] = sampler.temperature
+    trace["regen_temperature"], trace["caption_recipe"] = sampler.temperature, caption
     if report is not None:
         trace["check"] = report
         trace["forward_passes"] += report.get("forward_passes", 0)
