@@ -3,8 +3,8 @@ touched, with the error types :mod:`unimodal.checks` uses for ``generate``.
 
 A request names the content to work on by file (``input``: a picture, a clip or a ``.txt`` caption), the text it
 was made from (``prompt``) or, for critique and refine, the picture or clip it was made from (``source``: a
-caption's picture, a picture's speech) and, per op, the plan settings, the region to edit (or, for an instructed edit, the
-``instruction``, understood here by :mod:`unimodal.core.instructions`) and where to write. Like
+caption's picture, a picture's speech) and, per op, the plan settings, the region to edit (or, for an instructed
+edit, the ``instruction``, understood here by :mod:`unimodal.core.instructions`) and where to write. Like
 :mod:`unimodal.checks` this is a leaf: the critic names mirror :data:`unimodal.inference.critique.CRITICS` (a test keeps
 them in step) because importing that module means importing torch.
 """

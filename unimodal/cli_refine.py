@@ -25,7 +25,8 @@ from unimodal.core.paths import atomic_write, user_path
 FLAGS = {"input": "--in", "prompt": "--prompt", "out": "--out", "seed": "--seed", "critic": "--critic",
          "fraction": "--fraction", "threshold": "--threshold", "rounds": "--rounds", "budget": "--budget",
          "trace": "--trace", "patience": "--patience", "candidates": "--candidates", "draft": "--no-draft",
-         "source": "--source", "model_caption": "--model-caption", "box": "--box", "seconds": "--seconds", "chars": "--chars", "instruction": "--instruction"}
+         "source": "--source", "model_caption": "--model-caption", "box": "--box", "seconds": "--seconds",
+         "chars": "--chars", "instruction": "--instruction"}
 
 
 def _checked(op: str, args, **keys):

@@ -14,7 +14,8 @@ the first call that passes, so a wrong call is refused at once even then. A refu
 error (``isError``) whose text starts with the error type (``InputFileError: ...``), and the server goes on.
 
 - ``critique``: per-token scores and flagged regions of a picture, clip or caption (``input``, a file) made from
-  ``prompt`` (or from the picture / clip ``source``: a caption's picture); the heat map / score curve comes back as image content plus its file path, the report as JSON text.
+  ``prompt`` (or from the picture / clip ``source``: a caption's picture); the heat map / score curve comes back
+  as image content plus its file path, the report as JSON text.
 - ``refine``: re-mask flagged regions (the critic's or the caller's ``regions``) and regenerate, ``rounds`` times
   within ``budget`` forward passes; the result as ``generate`` returns it, then the trace of every round as a last
   JSON text block.

@@ -125,8 +125,6 @@ def is_model_caption(draft: Draft, result: GenerationResult, declared: bool | No
     settings name the sampler's mode), not from a file or from tokens given as they are. ``declared``: the
     caller's word on the last point (a caption file ``generate`` wrote is the model's, which its tokens cannot
     tell); None decides from the result."""
-    if declared is not None and not isinstance(declared, bool):
-        raise SettingError(f"model_caption must be True, False or None, got {declared!r}")
     caption = bool(draft.conditions) and [s.modality for s in draft.target.spans] == ["text"]
     if declared and not caption:
         raise InputError("model_caption is for a caption read against the picture or speech it was made from: "
@@ -134,6 +132,11 @@ def is_model_caption(draft: Draft, result: GenerationResult, declared: bool | No
     if declared is not None:
         return caption and bool(declared)
     return caption and bool((result.settings or {}).get("mode"))
+
+
+def _check_model_caption(value) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise SettingError(f"model_caption must be True, False or None, got {value!r}")
 
 
 def _flag_threshold(critic, threshold: float | None, caption: bool) -> float | None:
@@ -212,6 +215,7 @@ def critique(pipe, result, text=None, image=None, audio=None, critic="confidence
     the model wrote from an input is flagged, by default, where :func:`refine` would redo it
     (:data:`CAPTION_REFINE`; ``model_caption`` as :func:`refine` takes it)."""
     require_trained_critic(pipe, critic)
+    _check_model_caption(model_caption)
     result = as_result(pipe, result)
     with pipe._lock:
         draft = draft_of(pipe, result, {"text": text, "image": image, "audio": audio})
@@ -319,6 +323,7 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
     result of ``generate`` is, a file is not).
     """
     require_trained_critic(pipe, critic)
+    _check_model_caption(model_caption)
     config = RefineConfig(rounds=rounds, budget=budget, fraction=fraction, threshold=threshold, groups=groups,
                           regen_steps=regen_steps, seed=seed, evaluator="critic" if evaluator is None else evaluator,
                           patience=1 if patience is None else patience)  # refused before any work, as given
