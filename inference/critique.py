@@ -8,6 +8,9 @@ higher meaning "more likely right":
 - ``confidence`` (training-free): the model's own probability of the token when it is re-masked. The
   tokens are re-masked in a few interleaved groups, one model call each, so every token is scored with
   most of its context present (a 2x2 checkerboard on images, every G-th token on text and audio);
+- ``content`` (training-free): the model's probability that the token's *content* is right: the mass of the
+  codes that decode like it where it stands (:mod:`unimodal.inference.content`; needs the codecs, so a
+  :class:`~unimodal.inference.content.ContentCritic` is passed, which the pipeline makes from the name);
 - ``random``: uniform noise, the ReMDM-style baseline (no model call);
 - ``learned``: the backbone's critic head, ``DiTOutput.critic``, the logit of "this token is wrong" (trained by
   ``unimodal train --critic-weight``), read on the filled draft (t = 0: nothing is masked) in one call; score
@@ -32,7 +35,7 @@ import torch
 from unimodal.tokenizers_mm.layout import MASK, MODALITIES, Layout, Packed, Segment, collate
 from unimodal.core.errors import InputError
 
-CRITICS = ("learned", "confidence", "random")
+CRITICS = ("learned", "confidence", "content", "random")
 DEFAULT_GROUPS = 4  # re-masking a quarter at a time keeps 3/4 of the context for each scored token
 DEFAULT_FRACTION = 0.25  # at most this share of a modality's tokens is flagged per critique
 DEFAULT_THRESHOLD = 0.5  # and only tokens scored below this: a confident critic flags nothing
@@ -44,6 +47,10 @@ DEFAULT_THRESHOLD = 0.5  # and only tokens scored below this: a confident critic
 # 94-100% of cases (docs/results.md, "Each critic's own threshold"). They were read off the shipped model at
 # 4 scoring groups: another model, or fewer groups, may want its own (`--threshold`; the bench prints them).
 CONFIDENCE_THRESHOLDS = {"image": 0.01, "text": 0.05, "audio": 0.001}
+# The content score's default, per modality: it is the model's probability that a code's content is right, so
+# a code is flagged when it is more likely wrong than right (0.5, as for the learned head); a caption's words are
+# scored as by confidence and keep its threshold.
+CONTENT_THRESHOLDS = {"image": DEFAULT_THRESHOLD, "text": CONFIDENCE_THRESHOLDS["text"], "audio": DEFAULT_THRESHOLD}
 
 
 # ---- the thing being critiqued ------------------------------------------------------------------------------
@@ -157,21 +164,46 @@ def confidence_scores(model, layout: Layout, draft: Draft, groups: int = DEFAULT
                       cfg=None) -> tuple[dict[str, torch.Tensor], int]:
     """Each content token's probability under the model when it (and its group) is re-masked; ``groups``
     model calls, batched into one."""
+    log_probs, positions = _remasked_log_probs(model, layout, draft, groups, cfg)
+    ids = draft.target.ids
+    return {m: log_probs[m].gather(1, ids[where][:, None].to(log_probs[m].device))[:, 0].float().exp().cpu()
+            for m, where in positions.items()}, groups
+
+
+def content_scores(model, layout: Layout, draft: Draft, critic, groups: int = DEFAULT_GROUPS,
+                   cfg=None) -> tuple[dict[str, torch.Tensor], int]:
+    """Each content token's probability that its content is right (``critic``: a
+    :class:`~unimodal.inference.content.ContentCritic`): the re-masked distribution of :func:`confidence_scores`,
+    summed over the codes that decode like the token where it stands; the same ``groups`` model calls."""
+    log_probs, positions = _remasked_log_probs(model, layout, draft, groups, cfg)
+    scores = {}
+    for modality, where in positions.items():
+        low, size = layout.offset(modality), layout.codebook_size(modality)
+        probs = log_probs[modality][:, low:low + size].float().exp().cpu()  # (n, K) over the modality's codes
+        own = draft.target.ids[where] - low
+        scores[modality] = critic.near_mass(modality, own, probs, layout.image_grid)
+    return scores, groups
+
+
+def _remasked_log_probs(model, layout: Layout, draft: Draft, groups: int,
+                        cfg=None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Per modality, (n, V) log-probabilities at each content position with it (and its group) re-masked, and
+    the positions; ``groups`` model calls, batched into one."""
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise InputError(f"groups must be a positive int, got {groups!r}")
     positions = draft.content_positions(layout)
     forward = TargetForward(model, layout, draft, cfg)
     masks = torch.zeros(groups, len(draft.target), dtype=torch.bool)  # (G, L)
+    group_of = {}
     for modality, where in positions.items():
-        group = score_groups(layout, modality, len(where), groups)
-        masks[group, where] = True
+        group_of[modality] = score_groups(layout, modality, len(where), groups)
+        masks[group_of[modality], where] = True
     ids = draft.target.ids.expand(groups, -1).masked_fill(masks, MASK)  # (G, L)
     t = masks.sum(1).float() / forward.n_slots  # (G,) as the sampler would see this many masked slots
     log_probs, _ = forward(ids, t)  # (G, L, V)
-    token_log_prob = log_probs.gather(-1, draft.target.ids.to(log_probs.device).expand(groups, -1)[..., None])
-    own = torch.where(masks, token_log_prob.squeeze(-1).cpu(), 0.0)  # (G, L): -inf elsewhere must not leak
-    chosen = own.sum(0).exp()  # (L,): each token scored in its own group's row
-    return {m: chosen[where] for m, where in positions.items()}, groups
+    rows = {m: log_probs[group_of[m].to(log_probs.device), where.to(log_probs.device)]  # each in its group's row
+            for m, where in positions.items()}
+    return rows, positions
 
 
 def learned_scores(model, layout: Layout, draft: Draft, cfg=None) -> tuple[dict[str, torch.Tensor], int]:
@@ -233,6 +265,11 @@ def agreement_score(model, layout: Layout, draft: Draft, cfg=None) -> tuple[floa
 def make_critic(critic, model, layout: Layout, cfg=None, groups: int = DEFAULT_GROUPS, seed: int = 0):
     """``critic`` ("learned", "confidence", "random" or a callable) as ``score(draft, round) -> (scores,
     model calls)``; ``round`` reseeds the random critic so each round draws fresh positions."""
+    if getattr(critic, "name", None) == "content":
+        return lambda draft, round_=0: content_scores(model, layout, draft, critic, groups, cfg)
+    if critic == "content":
+        raise InputError("critic='content' decodes codes with the codecs: pass a ContentCritic "
+                         "(UniModal.critique / refine make one from the name)")
     if callable(critic):
         return lambda draft, round_=0: callable_scores(critic, layout, draft)
     makers = {"learned": lambda draft, round_=0: learned_scores(model, layout, draft, cfg),
@@ -263,6 +300,8 @@ def thresholds_for(critic, threshold: float | None = None) -> dict[str, float]:
         return {m: float(threshold) for m in MODALITIES}
     if isinstance(critic, str) and critic == "confidence":
         return dict(CONFIDENCE_THRESHOLDS)
+    if critic == "content" or getattr(critic, "name", None) == "content":
+        return dict(CONTENT_THRESHOLDS)
     return {m: DEFAULT_THRESHOLD for m in MODALITIES}
 
 

@@ -86,7 +86,9 @@ class RefineConfig:
 
 
 def critic_name(critic) -> str:
-    return critic if isinstance(critic, str) else getattr(critic, "__name__", "callable")
+    if isinstance(critic, str):
+        return critic
+    return getattr(critic, "name", None) or getattr(critic, "__name__", "callable")
 
 
 def plan_regions(layout, draft: Draft, scores: Mapping[str, torch.Tensor], config: RefineConfig,

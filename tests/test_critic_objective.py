@@ -259,7 +259,7 @@ def test_bench_refine_measures_critics_on_the_models_own_mistakes(tiny_codec_dir
         return code, captured.out, captured.err
 
     code, out, err = run("bench", "refine", "--model", model, "--n", "2", "--mistakes", "0.5",
-                         "--critics", "confidence,random", "--out", tmp_path / "mistakes")
+                         "--critics", "confidence,content,random", "--out", tmp_path / "mistakes")
     assert code == 0, err
     report = json.loads((tmp_path / "mistakes" / "bench_refine.json").read_text())
     assert report["tokens"] == 2 * 32 and 0 <= report["wrong"] <= report["tokens"]  # half of 64 codes, twice

@@ -196,6 +196,63 @@ def test_learned_critic_reads_the_head_as_the_logit_of_wrong():
     torch.testing.assert_close(scores["image"], torch.full((64,), 1 / (1 + math.e ** 2)))
 
 
+class _FakeAudioModel:
+    """Codes decode to a constant log-mel per code (4 frames each); codes 0 and 1 decode alike."""
+
+    device, config = torch.device("cpu"), type("Config", (), {"mel_std": 1.0})()
+    table = torch.tensor([0.0, 0.0, 3.0, -3.0])
+
+    def decode_indices(self, ids):
+        return self.table[ids].repeat_interleave(4, dim=1)[:, None, :].expand(-1, 2, -1)
+
+
+class _FakeImageModel:
+    """Codes decode to a flat 8x8 patch per cell (grey level per code); codes 0 and 1 decode alike."""
+
+    device = torch.device("cpu")
+    table = torch.tensor([0.5, 0.5, -0.5, 1.0])
+
+    def decode_indices(self, ids, grid):
+        cells = self.table[ids].reshape(len(ids), 1, *grid)
+        return cells.repeat_interleave(8, dim=2).repeat_interleave(8, dim=3).expand(-1, 3, -1, -1)
+
+
+def test_content_critic_counts_the_mass_of_codes_that_decode_alike():
+    """The committed code 0 has probability 0.1, but code 1 (0.6) decodes like it there: the content is right
+    with probability 0.7; codes 2 and 3 decode otherwise. Captions are scored as by confidence."""
+    from unimodal.inference.content import ContentCritic
+
+    critic = ContentCritic(_FakeImageModel(), _FakeAudioModel(), top_k=3)
+    probs = torch.tensor([[0.1, 0.6, 0.2, 0.1], [0.1, 0.6, 0.2, 0.1], [0.0, 0.1, 0.8, 0.1]])
+    own = torch.tensor([0, 2, 2])
+    for modality in ("audio", "image"):
+        grid = (1, 3) if modality == "image" else None
+        torch.testing.assert_close(critic.near_mass(modality, own, probs, grid), torch.tensor([0.7, 0.2, 0.8]))
+    torch.testing.assert_close(critic.near_mass("text", own, probs), torch.tensor([0.1, 0.2, 0.8]))
+    assert ContentCritic().near_mass("image", own, probs, (1, 3)).tolist() == pytest.approx([0.1, 0.2, 0.8])
+
+
+def test_content_scores_bound_confidence_and_refine_names_the_content_critic(pipe, image_result):
+    """Per token the content score is at least the confidence score (the committed code is one of the codes that
+    decode like it) and at most 1, from the same model calls; through the pipeline the name is enough."""
+    from unimodal.inference.critique import CONTENT_THRESHOLDS, confidence_scores, content_scores
+    from unimodal.refine import draft_of, scoring_critic
+
+    draft = draft_of(pipe, image_result, {"text": PROMPT})
+    confidence, _ = confidence_scores(pipe.backbone, pipe.layout, draft)
+    content, passes = content_scores(pipe.backbone, pipe.layout, draft, scoring_critic(pipe, "content"))
+    assert passes == 4 and bool((content["image"] >= confidence["image"] - 1e-6).all())
+    assert bool((content["image"] <= 1).all()) and set(content) == {"image"}
+    report = pipe.critique(image_result, text=PROMPT, critic="content")
+    assert report.critic == "content" and report.thresholds == {"image": CONTENT_THRESHOLDS["image"]}
+    _, trace = pipe.refine(image_result, text=PROMPT, critic="content", rounds=1, **FAST)
+    assert trace["critic"] == trace["evaluator"] == "content"
+    from unimodal.inference.critique import make_critic
+
+    with pytest.raises(InputError, match="pass a ContentCritic"):  # the inference layer alone cannot decode
+        make_critic("content", pipe.backbone, pipe.layout)
+
+
 def test_random_critic_is_seeded_and_free():
     draft = make_draft(LAYOUT, [], {"image": torch.arange(64) % 32})
     a, passes = random_scores(LAYOUT, draft, seed=3)

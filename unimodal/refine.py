@@ -208,6 +208,19 @@ def require_trained_critic(pipe, critic) -> None:
                            "--data ... --out RUN (docs/critique.md), or use critic='confidence' (training-free)")
 
 
+def scoring_critic(pipe, critic):
+    """The critic as the scoring functions take it: ``"content"`` bound to the pipeline's codecs (it decodes
+    codes, :mod:`unimodal.inference.content`), any other name or callable as it is. Made once per pipeline."""
+    if not (isinstance(critic, str) and critic == "content"):
+        return critic
+    if getattr(pipe, "_content_critic", None) is None:
+        from unimodal.inference.content import ContentCritic
+
+        pipe._content_critic = ContentCritic(getattr(pipe.image_codec, "model", None),
+                                             getattr(pipe.audio_codec, "model", None))
+    return pipe._content_critic
+
+
 def critique(pipe, result, text=None, image=None, audio=None, critic="confidence", fraction: float = 0.25,
              threshold: float | None = None, groups: int = 4, cfg=None, check: bool = False, seed: int = 0,
              model_caption: bool | None = None) -> Critique:
@@ -222,7 +235,8 @@ def critique(pipe, result, text=None, image=None, audio=None, critic="confidence
         caption = is_model_caption(draft, result, model_caption)
         threshold = _flag_threshold(critic, threshold, caption)  # the words refine redoes
         config = RefineConfig(fraction=fraction, threshold=threshold, groups=groups, seed=seed)
-        score = make_critic(critic, pipe.backbone, pipe.layout, _scoring_cfg(pipe, draft, cfg), config.groups, seed)
+        score = make_critic(scoring_critic(pipe, critic), pipe.backbone, pipe.layout, _scoring_cfg(pipe, draft, cfg),
+                            config.groups, seed)
         scores, passes = score(draft)
         flags = flags_of(scores, critic, fraction, threshold)
         regions = regions_from_flags(pipe.layout, flags, scores, draft, pipe.text_codec)
@@ -341,7 +355,8 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
             if settings.get("temperature") is None:
                 settings["temperature"] = CAPTION_REFINE["temperature"]
         sampler = pipe._sampler_config(settings, pipe.scheduler.target_kind([s.modality for s in draft.target.spans]))
-        final, confidence, trace = refine_draft(pipe.backbone, pipe.layout, draft, sampler, critic, config,
+        final, confidence, trace = refine_draft(pipe.backbone, pipe.layout, draft, sampler,
+                                                scoring_critic(pipe, critic), config,
                                                 _scoring_cfg(pipe, draft, cfg), pipe.text_codec, regions,
                                                 {m: torch.tensor(v) for m, v in result.confidence.items()},
                                                 _round_hook(pipe, on_round))
