@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from unimodal.tokenizers_mm.layout import MASK, MODALITIES, Layout, Packed, Segment, collate
+from unimodal.inference.content import ContentCritic
 from unimodal.core.errors import InputError
 
 CRITICS = ("learned", "confidence", "content", "random")
@@ -265,7 +266,7 @@ def agreement_score(model, layout: Layout, draft: Draft, cfg=None) -> tuple[floa
 def make_critic(critic, model, layout: Layout, cfg=None, groups: int = DEFAULT_GROUPS, seed: int = 0):
     """``critic`` ("learned", "confidence", "random" or a callable) as ``score(draft, round) -> (scores,
     model calls)``; ``round`` reseeds the random critic so each round draws fresh positions."""
-    if getattr(critic, "name", None) == "content":
+    if isinstance(critic, ContentCritic):
         return lambda draft, round_=0: content_scores(model, layout, draft, critic, groups, cfg)
     if critic == "content":
         raise InputError("critic='content' decodes codes with the codecs: pass a ContentCritic "
@@ -300,7 +301,7 @@ def thresholds_for(critic, threshold: float | None = None) -> dict[str, float]:
         return {m: float(threshold) for m in MODALITIES}
     if isinstance(critic, str) and critic == "confidence":
         return dict(CONFIDENCE_THRESHOLDS)
-    if critic == "content" or getattr(critic, "name", None) == "content":
+    if critic == "content" or isinstance(critic, ContentCritic):
         return dict(CONTENT_THRESHOLDS)
     return {m: DEFAULT_THRESHOLD for m in MODALITIES}
 

@@ -230,6 +230,13 @@ def test_content_critic_counts_the_mass_of_codes_that_decode_alike():
         torch.testing.assert_close(critic.near_mass(modality, own, probs, grid), torch.tensor([0.7, 0.2, 0.8]))
     torch.testing.assert_close(critic.near_mass("text", own, probs), torch.tensor([0.1, 0.2, 0.8]))
     assert ContentCritic().near_mass("image", own, probs, (1, 3)).tolist() == pytest.approx([0.1, 0.2, 0.8])
+    assert critic.image_alike(4).tolist()[0] == [True, True, False, False]
+    rare = ContentCritic(audio_model=_FakeAudioModel(), min_p=0.7)  # code 1 (0.6) is below min_p: not decoded
+    torch.testing.assert_close(rare.near_mass("audio", own, probs), torch.tensor([0.1, 0.2, 0.8]))
+    one = ContentCritic(audio_model=_FakeAudioModel())  # a clip of one code
+    torch.testing.assert_close(one.near_mass("audio", own[:1], probs[:1]), torch.tensor([0.7]))
+    with pytest.raises(InputError, match="top_k an int >= 1"):
+        ContentCritic(top_k=0)
 
 
 def test_content_scores_bound_confidence_and_refine_names_the_content_critic(pipe, image_result):

@@ -142,7 +142,7 @@ def _check_model_caption(value) -> None:
 def _flag_threshold(critic, threshold: float | None, caption: bool) -> float | None:
     """The threshold a critique or refine flags below: the caller's, else a model caption's for the confidence
     critic, else None (the critic's own default, :func:`thresholds_for`)."""
-    if threshold is None and caption and critic == "confidence":
+    if threshold is None and caption and critic in ("confidence", "content"):  # the same score on words
         return CAPTION_REFINE["threshold"]
     return threshold
 
