@@ -7,7 +7,7 @@ over codes that all decode alike. Scored that way, confidence calls right conten
 AUROC at finding codes wrong by decoded content: pictures 0.61, speech 0.65).
 
 This critic scores a code by the model's probability mass on the codes that decode like it, within the
-threshold that defines a wrong code (:mod:`unimodal.training.critic_labels`: 0.05 of the pixel range over the
+threshold that defines a wrong code (:mod:`unimodal.core.wrong`, as the critic's labels use it: 0.05 of the pixel range over the
 code's patch, 0.5 mel standard deviations over its frames): the model's probability that the content there is
 right, by the definition the critic's labels and benchmarks use. Captions are scored as by confidence (a word is
 its content).
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from unimodal.core.errors import InputError
-from unimodal.training.critic_labels import AUDIO_THRESHOLD, IMAGE_THRESHOLD
+from unimodal.core.wrong import AUDIO_THRESHOLD, IMAGE_THRESHOLD
 
 DEFAULT_TOP_K = 32  # speech: at most this many alternatives decoded per position
 DEFAULT_MIN_P = 0.005  # ... and only those the model gives at least this probability (the rest count as unlike)

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import torch
 
+from unimodal.core.wrong import AUDIO_THRESHOLD, IMAGE_THRESHOLD
 from unimodal.tokenizers_mm.layout import SEGMENT_IDS, Layout
 
-IMAGE_THRESHOLD = 0.05  # mean |difference| over the code's patch, pixels in [0, 1]
-AUDIO_THRESHOLD = 0.5  # mean |difference| of log-mel over the code's frames, in mel standard deviations
 DECODED_MODALITIES = ("image", "audio")
 
 
