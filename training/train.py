@@ -701,6 +701,9 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
         write_model_folder(out_dir / "model", model, ema, run.layout, run.codec_dir, cfg, options.shard_mb,
                            options.half, run.datasets, steps_done=history[-1]["step"] if history else start)
         write_history(out_dir, history, cfg.objective)
+    if accelerator.num_processes > 1:  # every rank waits for the save, then leaves the group together: a rank
+        accelerator.wait_for_everyone()  # that exited while another still wrote could abort the launch at teardown
+        accelerator.end_training()
     return out_dir / "model"
 
 
