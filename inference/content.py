@@ -7,9 +7,9 @@ over codes that all decode alike. Scored that way, confidence calls right conten
 AUROC at finding codes wrong by decoded content: pictures 0.61, speech 0.65).
 
 This critic scores a code by the model's probability mass on the codes that decode like it, within the
-threshold that defines a wrong code (:mod:`unimodal.core.wrong`, as the critic's labels use it: 0.05 of the pixel range over the
-code's patch, 0.5 mel standard deviations over its frames): the model's probability that the content there is
-right, by the definition the critic's labels and benchmarks use. Captions are scored as by confidence (a word is
+threshold that defines a wrong code (:mod:`unimodal.core.wrong`: 0.05 of the pixel range over the code's patch,
+0.5 mel standard deviations over its frames): the model's probability that the content there is right, by the
+definition the critic's labels and benchmarks use. Captions are scored as by confidence (a word is
 its content).
 
 - speech, in context: each of the position's likeliest codes (those holding at least ``min_p``, at most
@@ -52,8 +52,7 @@ class ContentCritic:
         self._image_alike = None  # (K, K) bool, decoded on first use
 
     @torch.no_grad()
-    def near_mass(self, modality: str, own: torch.Tensor, probs: torch.Tensor, grid: tuple[int, int] | None = None
-                  ) -> torch.Tensor:
+    def near_mass(self, modality: str, own: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         """(n,) local ids committed, (n, K) the model's probabilities over the modality's codes at each position
         (re-masked) -> (n,) the mass of the codes that decode like the committed one there."""
         own = own.long()
@@ -86,7 +85,7 @@ class ContentCritic:
         mass = torch.zeros(n, dtype=probs.dtype)
         if not len(pairs):
             return mass
-        at_pos, alternatives = pairs[:, 0], top_i[pairs[:, 0], pairs[:, 1]]
+        at_pos, alternatives, pair_p = pairs[:, 0], top_i[pairs[:, 0], pairs[:, 1]], top_p[pairs[:, 0], pairs[:, 1]]
         start, at = _windows(n, AUDIO_HALF_WINDOW)
         width = min(2 * AUDIO_HALF_WINDOW + 1, n)
         window = own[start[:, None] + torch.arange(width)[None, :]]  # (n, w): each position's window
@@ -97,7 +96,7 @@ class ContentCritic:
         alt = _take_frames(_decode(decode, swapped, model.device), at[at_pos], width)  # (P, M, f)
         distance = (alt - ref[at_pos]).abs().mean(dim=(1, 2)) / float(model.config.mel_std)  # (P,)
         alike = distance <= self.thresholds["audio"]
-        return mass.index_add_(0, at_pos[alike], top_p[pairs[alike, 0], pairs[alike, 1]])
+        return mass.index_add_(0, at_pos[alike], pair_p[alike])
 
 
 def _windows(n: int, half: int) -> tuple[torch.Tensor, torch.Tensor]:

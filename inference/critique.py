@@ -182,7 +182,7 @@ def content_scores(model, layout: Layout, draft: Draft, critic, groups: int = DE
         low, size = layout.offset(modality), layout.codebook_size(modality)
         probs = log_probs[modality][:, low:low + size].float().exp().cpu()  # (n, K) over the modality's codes
         own = draft.target.ids[where] - low
-        scores[modality] = critic.near_mass(modality, own, probs, layout.image_grid)
+        scores[modality] = critic.near_mass(modality, own, probs)
     return scores, groups
 
 

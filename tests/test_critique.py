@@ -226,10 +226,9 @@ def test_content_critic_counts_the_mass_of_codes_that_decode_alike():
     probs = torch.tensor([[0.1, 0.6, 0.2, 0.1], [0.1, 0.6, 0.2, 0.1], [0.0, 0.1, 0.8, 0.1]])
     own = torch.tensor([0, 2, 2])
     for modality in ("audio", "image"):
-        grid = (1, 3) if modality == "image" else None
-        torch.testing.assert_close(critic.near_mass(modality, own, probs, grid), torch.tensor([0.7, 0.2, 0.8]))
+        torch.testing.assert_close(critic.near_mass(modality, own, probs), torch.tensor([0.7, 0.2, 0.8]))
     torch.testing.assert_close(critic.near_mass("text", own, probs), torch.tensor([0.1, 0.2, 0.8]))
-    assert ContentCritic().near_mass("image", own, probs, (1, 3)).tolist() == pytest.approx([0.1, 0.2, 0.8])
+    assert ContentCritic().near_mass("image", own, probs).tolist() == pytest.approx([0.1, 0.2, 0.8])
     assert critic.image_alike(4).tolist()[0] == [True, True, False, False]
     rare = ContentCritic(audio_model=_FakeAudioModel(), min_p=0.7)  # code 1 (0.6) is below min_p: not decoded
     torch.testing.assert_close(rare.near_mass("audio", own, probs), torch.tensor([0.1, 0.2, 0.8]))

@@ -73,12 +73,10 @@ def check_content(value) -> tuple[str, str]:
         raise InputError("input is required: the file to work on (a .png picture, a .wav clip or a .txt caption)")
     if not isinstance(value, str):
         raise InputError(f"input must be a file path, got {type(value).__name__}")
-    suffix = Path(value).suffix.lower()
-    if suffix in IMAGE_SUFFIXES:
-        return "image", str(check_image_file(value, "input"))
-    if suffix in AUDIO_SUFFIXES:
-        return "audio", str(check_audio_file(value, "input"))
-    if suffix == ".txt":
+    media = _media_file(value, "input")
+    if media is not None:
+        return media
+    if Path(value).suffix.lower() == ".txt":
         return "text", _caption(value)
     raise InputFileError(f"input {value!r}: unknown kind of file; give a picture ({', '.join(IMAGE_SUFFIXES)}), "
                          f"a clip ({', '.join(AUDIO_SUFFIXES)}) or a caption (.txt)")
@@ -89,19 +87,27 @@ def _source(value, modality: str) -> dict:
     take it (``image=`` or ``audio=``, a checked path); of another kind than the input."""
     if not isinstance(value, str):
         raise InputError(f"source must be a file path, got {type(value).__name__}")
-    suffix = Path(value).suffix.lower()
-    if suffix in IMAGE_SUFFIXES:
-        kind, path = "image", check_image_file(value, "source")
-    elif suffix in AUDIO_SUFFIXES:
-        kind, path = "audio", check_audio_file(value, "source")
-    else:
+    media = _media_file(value, "source")
+    if media is None:
         raise InputFileError(f"source {value!r}: the input the content was made from is a picture "
                              f"({', '.join(IMAGE_SUFFIXES)}) or a clip ({', '.join(AUDIO_SUFFIXES)})")
+    kind, path = media
     if kind == modality:
         raise InputError(f"source {value!r} is {'a picture' if kind == 'image' else 'a clip'}, as is input: the "
                          f"source is what the input was made from, of another kind (a caption's picture or clip, "
                          f"a picture's speech)")
-    return {kind: str(path)}
+    return {kind: path}
+
+
+def _media_file(value: str, name: str) -> tuple[str, str] | None:
+    """A picture or clip file by its suffix, checked readable as one: (modality, path); None for another
+    suffix."""
+    suffix = Path(value).suffix.lower()
+    if suffix in IMAGE_SUFFIXES:
+        return "image", str(check_image_file(value, name))
+    if suffix in AUDIO_SUFFIXES:
+        return "audio", str(check_audio_file(value, name))
+    return None
 
 
 def _caption(value: str) -> str:

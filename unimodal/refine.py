@@ -129,9 +129,8 @@ def is_model_caption(draft: Draft, result: GenerationResult, declared: bool | No
     if declared and not caption:
         raise InputError("model_caption is for a caption read against the picture or speech it was made from: "
                          "give that input (image= or audio=) with a text result")
-    if declared is not None:
-        return caption and bool(declared)
-    return caption and bool((result.settings or {}).get("mode"))
+    made_by_model = declared if declared is not None else bool((result.settings or {}).get("mode"))
+    return caption and made_by_model
 
 
 def _check_model_caption(value) -> None:
