@@ -285,6 +285,16 @@ def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scor
         for count in sorted({objects_in(c) for c in cases} - {None}):
             chosen = [scores[i] for i, c in enumerate(cases) if objects_in(c) == count]
             summary.setdefault("by_objects", {})[str(count)] = {"n": len(chosen), **_rates(chosen)}
+    else:  # what the captions from nothing were: how varied, of which kind, of how many objects
+        summary["distinct_texts"] = len({s.get("text") for s in scores}) / max(len(scores), 1)
+        for kind in sorted({str(s.get("kind")) for s in scores}):
+            chosen = [s for s in scores if str(s.get("kind")) == kind]
+            summary.setdefault("by_kind", {})[kind] = {"n": len(chosen), **_rates(chosen)}
+        counts = [len(scene["objects"]) if scene else None
+                  for scene in (parse_scene_caption(s.get("text") or "") for s in scores)]
+        for count in sorted(set(counts) - {None}):
+            chosen = [s for s, c in zip(scores, counts) if c == count]
+            summary.setdefault("by_objects", {})[str(count)] = {"n": len(chosen), **_rates(chosen)}
     return summary
 
 
@@ -425,7 +435,7 @@ def format_table(report: dict) -> str:
             (f"{count} obj", row) for count, row in fig.get("by_objects", {}).items()]
         for kind, row in rows:
             extra = " ".join(f"{k}={row[k]:.3f}" for k in (*SCENE_ATTRIBUTES, "text_parses", "image_matches_text",
-                                                             "audio_matches_text") if k in row)
+                                                             "audio_matches_text", "distinct_texts") if k in row)
             accuracy = row.get("accuracy", row.get("consistent"))
             passes, wall = (f"{fig['forward_passes']:.1f}", f"{fig['wall_s_per_sample']:.3f}") if kind == "all" \
                 else ("-", "-")  # costs are per direction

@@ -49,10 +49,26 @@ DEFAULT_TARGET_SETTINGS = {
     "audio": {"temperature": 0.7, "choice_temperature": 4.5, "cfg": 3.0, "steps": 32},
     "text": {"temperature": 0.0, "mode": "threshold", "tau": 0.95, "steps": 32},
 }
-# A caption from nothing (no input to read): greedy decoding writes the same caption for every seed, and the
-# image defaults (temperature 1, MaskGIT order) parse as a scene for about half of them; at 0.5 every one of 32
-# parsed, 27 distinct (the shipped model r7; docs/results.md, "Planning in words").
-UNCONDITIONAL_TEXT_TEMPERATURE = 0.5
+# A caption from nothing (no input to read) is drawn left to right, one token a step, at temperature 0.5: nearly
+# ancestral sampling, so the captions follow what the model learned. Committing by confidence instead (text's
+# defaults) commits first the word the model is surest of whatever the rest, and a model whose data mix moved
+# (r11, r12) then wrote "a handwritten N" for 64 of 64 seeds though left to right it writes 62 scenes of 64 (61
+# distinct). Greedy would write one caption for every seed (docs/results.md, "Captions from nothing"). The order
+# keys apply as a unit (a caller who sets any of them chooses the order), the temperature unless the caller sets one.
+UNCONDITIONAL_TEXT_SETTINGS = {"mode": "semi_ar", "block_length": 1, "steps": 1, "temperature": 0.5}
+UNCONDITIONAL_TEXT_ORDER = ("mode", "block_length", "steps", "block_mode")
+
+
+def unconditional_text_settings(settings: dict) -> dict:
+    """``settings`` (a caller's, None values meaning unset) for text from nothing: the caller's own keys, over
+    :data:`UNCONDITIONAL_TEXT_SETTINGS` (the order keys only where the caller set none of them)."""
+    given = {name: value for name, value in settings.items() if value is not None}
+    defaults = dict(UNCONDITIONAL_TEXT_SETTINGS)
+    if any(name in given for name in UNCONDITIONAL_TEXT_ORDER):
+        defaults = {name: value for name, value in defaults.items() if name not in UNCONDITIONAL_TEXT_ORDER}
+    return {**settings, **defaults, **given}
+
+
 TARGET_PRIORITY = ("image", "audio", "text")  # a joint request takes the defaults of its first target here
 _TARGET_KEYS = tuple(name for name in TOKEN_SETTINGS if name != "seed")  # what a modality's defaults may set
 _BEGIN_TO_END = {BOT: EOT, BOA: EOA}  # sequence segments (text, audio): begin marker -> END marker

@@ -390,6 +390,7 @@ def test_a_perfect_critic_leaves_a_right_sample_alone_and_finds_a_corrupted_ones
     corrupt[[0, 1, 8, 9, 45]] = (corrupt[[0, 1, 8, 9, 45]] + 1) % 32
     report = pipe.critique(_result(pipe, corrupt), text=PROMPT, critic=perfect)
     assert [r["indices"] for r in report.regions] == [[0, 1, 8, 9], [45]]
+    assert report.critic == "perfect" == trace["critic"]  # a callable critic is named as the trace names it
     assert [r["box"] for r in report.regions] == [[0, 0, 16, 16], [40, 40, 48, 48]]
     repaired, trace = pipe.refine(_result(pipe, corrupt), text=PROMPT, critic=perfect, rounds=1, **FAST)
     assert set(_changed({"image": corrupt.tolist()}, repaired.token_ids)["image"]) <= {0, 1, 8, 9, 45}

@@ -98,6 +98,30 @@ def test_summaries_count_rates_and_wer():
     assert "1 obj" in table and "2 obj" in table
 
 
+def test_joint_summary_says_what_the_captions_from_nothing_were():
+    """A collapse of captions from nothing (one template for every seed) shows in the figures, not only in samples."""
+    class Result:
+        forward_passes = 9
+
+    def joint(text, kind, consistent):
+        return {"kind": kind, "text_parses": kind is not None, "image_matches_text": consistent,
+                "audio_matches_text": consistent, "consistent": consistent, "text": text}
+
+    scores = [joint("a small red circle on the left", "scene", True), joint("a handwritten 3", "digit", False),
+              joint("a handwritten 3", "digit", True), joint("a large blue cross above a small red square", "scene",
+                                                              False), joint("zzz", None, False)]
+    summary = summarize("joint", [None] * 5, [Result()] * 5, scores, wall=1.0)
+    assert summary["distinct_texts"] == 4 / 5 and summary["consistent"] == 2 / 5
+    assert {k: v["n"] for k, v in summary["by_kind"].items()} == {"scene": 2, "digit": 2, "None": 1}
+    assert summary["by_kind"]["digit"]["consistent"] == 0.5
+    assert summary["by_objects"] == {"1": {"n": 1, **{k: 1.0 for k in ("text_parses", "image_matches_text",
+                                                                        "audio_matches_text", "consistent")}},
+                                     "2": {"n": 1, "text_parses": 1.0, "image_matches_text": 0.0,
+                                           "audio_matches_text": 0.0, "consistent": 0.0}}
+    table = format_table({"figures": {"joint": summary}, "reference": {}, "seed": 0, "settings": {}})
+    assert "distinct_texts=0.800" in table and "digit" in table and "2 obj" in table
+
+
 def test_load_cases_checks_its_input():
     with pytest.raises(InputError, match="--split"):
         load_cases("scenes", "train", 2)

@@ -40,7 +40,7 @@ from unimodal.inference.ar import generate_autoregressive
 from unimodal.inference.sampler import Request, SampleResult, SamplerConfig
 from unimodal.inference.sampler import generate as sample
 from unimodal.inference.unmasking import SAMPLER_SETTINGS, TOKEN_SETTINGS
-from unimodal.inference.schedulers import UNCONDITIONAL_TEXT_TEMPERATURE, MaskedDiffusionScheduler
+from unimodal.inference.schedulers import MaskedDiffusionScheduler, unconditional_text_settings
 from unimodal.tokenizers_mm import CODECS, Codec, codec_from_parts, codec_parts, get_codec_class, load_codecs
 from unimodal.tokenizers_mm.audio import AudioCodec, AudioVQModel
 from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel
@@ -220,7 +220,7 @@ class UniModal(DiffusionPipeline):
 
         ``plan``: ``"text"``: a request without a text input puts its plan in words first. The model
         writes the text with text's own defaults whatever the other settings (read from the inputs greedily; or,
-        with no input, sampled at temperature :data:`~unimodal.inference.schedulers.UNCONDITIONAL_TEXT_TEMPERATURE`;
+        with no input, sampled left to right by :data:`~unimodal.inference.schedulers.UNCONDITIONAL_TEXT_SETTINGS`;
         the sampling settings given are the other outputs', the seed is shared), then generates the
         other outputs with the inputs and that text as conditions, guided by it like any prompt. When text is
         an output it is that text (so a joint picture, caption and speech agree); otherwise it is only the plan,
@@ -360,9 +360,8 @@ class UniModal(DiffusionPipeline):
         """A result for each prepared request, in order: requests that can share a sampler call share one."""
         results: dict[int, GenerationResult] = {}
         for (kind, steps, free_text), group in self._groups(ready, settings).items():
-            config = dataclasses.replace(self._sampler_config(settings, kind), steps=steps)
-            if free_text and settings.get("temperature") is None:
-                config = dataclasses.replace(config, temperature=UNCONDITIONAL_TEXT_TEMPERATURE)
+            own = unconditional_text_settings(settings) if free_text else settings
+            config = dataclasses.replace(self._sampler_config(own, kind), steps=steps)
             for item, result in zip(group, self._decode(group, config, progress)):
                 results[id(item)] = result
         return [results[id(item)] for item in ready]
@@ -401,8 +400,9 @@ class UniModal(DiffusionPipeline):
             if item.seed is None and base_seed is not None:
                 item.seed = base_seed + item.index  # as one call would give it, whatever the grouping
             kind = self.scheduler.target_kind(item.targets)
-            steps = self._capped_steps(item, self._sampler_config(settings, kind), settings.get("steps") is not None)
             free_text = kind == "text" and not item.conditions
+            own = unconditional_text_settings(settings) if free_text else settings
+            steps = self._capped_steps(item, self._sampler_config(own, kind), settings.get("steps") is not None)
             groups.setdefault((kind, steps, free_text), []).append(item)
         return groups
 

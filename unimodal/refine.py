@@ -25,7 +25,7 @@ from PIL import Image, ImageDraw
 
 from unimodal.inference.critique import (Draft, agreement_score, flags_of, make_critic, make_draft, regions_from_flags,
                                          sample_score, selection_of, thresholds_for)
-from unimodal.inference.refine import RefineConfig, regenerate
+from unimodal.inference.refine import RefineConfig, critic_name, regenerate
 from unimodal.inference.refine import refine as refine_draft
 from unimodal.tokenizers_mm.layout import MODALITIES
 from unimodal.checks import check_candidates, check_draws_differ
@@ -242,7 +242,7 @@ def critique(pipe, result, text=None, image=None, audio=None, critic="confidence
     report = cross_modal_check(pipe, result, text, seed) if check else None
     if report is not None:
         passes += report["forward_passes"]
-    return Critique(critic if isinstance(critic, str) else "callable",
+    return Critique(critic_name(critic),
                     {m: [float(v) for v in s] for m, s in scores.items()}, regions, sample_score(scores), passes,
                     report, _picture(pipe, result, scores, regions),
                     {m: v for m, v in thresholds_for(critic, threshold).items() if m in scores})
