@@ -51,19 +51,22 @@ DEFAULT_TARGET_SETTINGS = {
 }
 # A caption from nothing (no input to read) is drawn left to right, one token a step, at temperature 0.5: nearly
 # ancestral sampling, so the captions follow what the model learned. Committing by confidence instead (text's
-# defaults) commits first the word the model is surest of whatever the rest, and a model whose data mix moved
-# (r11, r12) then wrote "a handwritten N" for 64 of 64 seeds though left to right it writes 62 scenes of 64 (61
-# distinct). Greedy would write one caption for every seed (docs/results.md, "Captions from nothing"). The order
-# keys apply as a unit (a caller who sets any of them chooses the order), the temperature unless the caller sets one.
+# defaults) commits first the word the model is surest of whatever the rest: on r12, whose data mix had moved,
+# that wrote "a handwritten N" for 64 of 64 seeds, though left to right it writes 62 scenes of 64 (61 distinct).
+# Greedy would write one caption for every seed (docs/results.md, "Captions from nothing"). A model folder may
+# store its own (``scheduler/scheduler_config.json``, key ``unconditional_text``): the shipped r10 keeps the
+# confidence order it was judged with. The order keys apply as a unit (a caller who sets any of them chooses
+# the order); the others, such as the temperature, each unless the caller sets it.
 UNCONDITIONAL_TEXT_SETTINGS = {"mode": "semi_ar", "block_length": 1, "steps": 1, "temperature": 0.5}
 UNCONDITIONAL_TEXT_ORDER = ("mode", "block_length", "steps", "block_mode")
 
 
-def unconditional_text_settings(settings: dict) -> dict:
+def unconditional_text_settings(settings: dict, defaults: dict | None = None) -> dict:
     """``settings`` (a caller's, None values meaning unset) for text from nothing: the caller's own keys, over
-    :data:`UNCONDITIONAL_TEXT_SETTINGS` (the order keys only where the caller set none of them)."""
+    ``defaults`` (:data:`UNCONDITIONAL_TEXT_SETTINGS` when None; the order keys only where the caller set none of
+    them)."""
     given = {name: value for name, value in settings.items() if value is not None}
-    defaults = dict(UNCONDITIONAL_TEXT_SETTINGS)
+    defaults = dict(UNCONDITIONAL_TEXT_SETTINGS if defaults is None else defaults)
     if any(name in given for name in UNCONDITIONAL_TEXT_ORDER):
         defaults = {name: value for name, value in defaults.items() if name not in UNCONDITIONAL_TEXT_ORDER}
     return {**settings, **defaults, **given}
@@ -96,6 +99,8 @@ class MaskedDiffusionScheduler(SchedulerMixin, ConfigMixin):
     MaskGIT's randomised commit order. ``target_settings``: defaults per generated modality
     (``{"image": {"cfg": 3.0, ...}, "text": {...}}``, any of ``_TARGET_KEYS``), applied over the settings above
     and under a caller's own; None stores :data:`DEFAULT_TARGET_SETTINGS`, ``{}`` turns them off.
+    ``unconditional_text``: the settings of text from nothing, over text's defaults (None stores
+    :data:`UNCONDITIONAL_TEXT_SETTINGS`; ``{}``: text's defaults alone).
     """
 
     config_name = "scheduler_config.json"
@@ -105,9 +110,11 @@ class MaskedDiffusionScheduler(SchedulerMixin, ConfigMixin):
     def __init__(self, mode: str = "confidence", schedule: str = "cosine", num_inference_steps: int = 16,
                  tau: float = 0.9, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                  block_length: int = 16, block_mode: str = "confidence", choice_temperature: float = 0.0,
-                 target_settings: dict | None = None):
+                 target_settings: dict | None = None, unconditional_text: dict | None = None):
         if target_settings is None:
             self.register_to_config(target_settings={m: dict(v) for m, v in DEFAULT_TARGET_SETTINGS.items()})
+        if unconditional_text is None:
+            self.register_to_config(unconditional_text=dict(UNCONDITIONAL_TEXT_SETTINGS))
         self._check_target_settings()
         self.set_timesteps(num_inference_steps)  # validates every setting now (InputError names the bad one)
 
@@ -126,6 +133,18 @@ class MaskedDiffusionScheduler(SchedulerMixin, ConfigMixin):
                 raise InputError(f"target_settings[{modality!r}]: unknown settings {wrong}; accepted: "
                                  f"{list(_TARGET_KEYS)}")
             self.sampler_config(targets=[modality])  # validates the values
+        values = self.config.unconditional_text
+        if not isinstance(values, dict):
+            raise InputError(f"unconditional_text must be a dict of settings, got {values!r}")
+        wrong = sorted(set(values) - set(_TARGET_KEYS))
+        if wrong:
+            raise InputError(f"unconditional_text: unknown settings {wrong}; accepted: {list(_TARGET_KEYS)}")
+        self.sampler_config(targets=["text"], **values)  # validates the values
+
+    def unconditional_text_settings(self, settings: dict) -> dict:
+        """A caller's ``settings`` for text from nothing, over this scheduler's ``unconditional_text`` defaults
+        (see :func:`unconditional_text_settings`)."""
+        return unconditional_text_settings(settings, self.config.unconditional_text)
 
     @staticmethod
     def target_kind(targets) -> str | None:

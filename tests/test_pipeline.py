@@ -339,6 +339,9 @@ def test_unconditional_text_samples_so_seeds_differ(pipe):
     assert len(drawn) > 1
     greedy = {tuple(pipe.generate(to="text", seed=s, temperature=0, **FAST).token_ids["text"]) for s in range(3)}
     assert len(greedy) == 1
+    plain = [pipe.generate(to="text", seed=s) for s in range(4)]  # no order key given: left to right, sampled
+    assert all((r.settings["mode"], r.settings["block_length"]) == ("semi_ar", 1) for r in plain)
+    assert len({tuple(r.token_ids["text"]) for r in plain}) > 1
     ordered = pipe.generate(to="text", seed=0, mode="confidence")  # an order key given: the caller's order
     assert ordered.settings["mode"] == "confidence" and ordered.settings["temperature"] == 0.5
 

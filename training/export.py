@@ -18,6 +18,7 @@ from unimodal.tokenizers_mm.layout import LAYOUT_FILE
 from unimodal.training.tokens import CODEC_MODALITIES, codec_folder
 from unimodal.core.errors import DataError
 from unimodal.core.int8 import convert_folder_to_int8, load_pretrained
+from unimodal.core.paths import SCHEDULER_DIR
 
 MODEL_FILES = (LAYOUT_FILE, "training_config.json", "vocabulary.json")
 
@@ -50,6 +51,8 @@ def export_model(model_dir: str | Path, out: str | Path, codecs: str | Path | No
     for name in MODEL_FILES:
         if (model_dir / name).is_file():
             shutil.copy2(model_dir / name, staging / name)
+    if (model_dir / SCHEDULER_DIR).is_dir():  # the model's own sampler defaults travel with it
+        shutil.copytree(model_dir / SCHEDULER_DIR, staging / SCHEDULER_DIR)
     _write_codecs(model_dir if codecs is None else codecs, staging)
     if int8:
         convert_folder_to_int8(staging)

@@ -40,7 +40,7 @@ from unimodal.inference.ar import generate_autoregressive
 from unimodal.inference.sampler import Request, SampleResult, SamplerConfig
 from unimodal.inference.sampler import generate as sample
 from unimodal.inference.unmasking import SAMPLER_SETTINGS, TOKEN_SETTINGS
-from unimodal.inference.schedulers import MaskedDiffusionScheduler, unconditional_text_settings
+from unimodal.inference.schedulers import MaskedDiffusionScheduler
 from unimodal.tokenizers_mm import CODECS, Codec, codec_from_parts, codec_parts, get_codec_class, load_codecs
 from unimodal.tokenizers_mm.audio import AudioCodec, AudioVQModel
 from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel
@@ -51,7 +51,7 @@ from unimodal.checks import (check_accept_confidence, check_candidates, check_pl
                              check_model_folder, check_not_both, check_to)
 from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
-from unimodal.core.paths import resolve_model_dir
+from unimodal.core.paths import SCHEDULER_DIR, resolve_model_dir
 from unimodal.core.grammar import unknown_words
 from unimodal.core.seeds import check_seed, fresh_seed
 from unimodal.inputs import as_audio, as_image, as_text
@@ -136,7 +136,10 @@ class UniModal(DiffusionPipeline):
             backbone = backbone.to(torch_dtype)
         codecs = load_codecs(folder)
         parts = {name: part for codec in codecs.values() for name, part in codec_parts(codec).items()}
-        return cls(backbone=backbone, scheduler=MaskedDiffusionScheduler(), layout=Layout.load(folder).to_dict(),
+        scheduler = MaskedDiffusionScheduler()  # a folder may store its own sampler defaults, as a saved pipeline does
+        if (folder / SCHEDULER_DIR / MaskedDiffusionScheduler.config_name).is_file():
+            scheduler = MaskedDiffusionScheduler.from_pretrained(folder, subfolder=SCHEDULER_DIR)
+        return cls(backbone=backbone, scheduler=scheduler, layout=Layout.load(folder).to_dict(),
                    task_weights=_training_task_weights(folder), vocabulary=_vocabulary(folder),
                    critic_trained=_critic_trained(folder), **parts)
 
@@ -360,7 +363,7 @@ class UniModal(DiffusionPipeline):
         """A result for each prepared request, in order: requests that can share a sampler call share one."""
         results: dict[int, GenerationResult] = {}
         for (kind, steps, free_text), group in self._groups(ready, settings).items():
-            own = unconditional_text_settings(settings) if free_text else settings
+            own = self._free_text_settings(settings) if free_text else settings
             config = dataclasses.replace(self._sampler_config(own, kind), steps=steps)
             for item, result in zip(group, self._decode(group, config, progress)):
                 results[id(item)] = result
@@ -393,7 +396,7 @@ class UniModal(DiffusionPipeline):
     def _groups(self, ready: list["_Prepared"], settings: Mapping) -> dict[tuple, list["_Prepared"]]:
         """Requests that can share one sampler call: the same per-target defaults and the same steps after
         capping (so a request gets the same tokens alone or in any batch), text from nothing apart (its own
-        temperature)."""
+        order and temperature)."""
         groups: dict[tuple, list[_Prepared]] = {}
         base_seed = settings.get("seed", 0)
         for item in ready:
@@ -401,10 +404,17 @@ class UniModal(DiffusionPipeline):
                 item.seed = base_seed + item.index  # as one call would give it, whatever the grouping
             kind = self.scheduler.target_kind(item.targets)
             free_text = kind == "text" and not item.conditions
-            own = unconditional_text_settings(settings) if free_text else settings
+            own = self._free_text_settings(settings) if free_text else settings
             steps = self._capped_steps(item, self._sampler_config(own, kind), settings.get("steps") is not None)
             groups.setdefault((kind, steps, free_text), []).append(item)
         return groups
+
+    def _free_text_settings(self, settings: Mapping) -> dict:
+        """The settings of text from nothing: the caller's over the scheduler's ``unconditional_text`` (the
+        autoregressive twin writes one token a step whatever the order: its own defaults alone)."""
+        if self.autoregressive:
+            return dict(settings)
+        return self.scheduler.unconditional_text_settings(dict(settings))
 
     def _capped_steps(self, item: "_Prepared", config: SamplerConfig, asked: bool) -> int:
         """``config.steps``, or the most steps that can each commit a token when there are more (the sampler

@@ -94,6 +94,9 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
                      f"unimodal train --preset small --data scenes --out runs/small")
 
 
+SCHEDULER_DIR = "scheduler"  # a model folder's own sampler defaults (scheduler_config.json), as in a saved pipeline
+
+
 def model_hash(model_dir: str | os.PathLike) -> str:
     """SHA-256 (first 16 hex digits) of every weight and config file of a model folder, in path order: the
     name eval reports and training records give a model, whatever folder it lies in."""
