@@ -49,15 +49,16 @@ DEFAULT_TARGET_SETTINGS = {
     "audio": {"temperature": 0.7, "choice_temperature": 4.5, "cfg": 3.0, "steps": 32},
     "text": {"temperature": 0.0, "mode": "threshold", "tau": 0.95, "steps": 32},
 }
-# A caption from nothing (no input to read) is drawn left to right, one token a step, at temperature 0.5: nearly
-# ancestral sampling, so the captions follow what the model learned. Committing by confidence instead (text's
-# defaults) commits first the word the model is surest of whatever the rest: on r12, whose data mix had moved,
-# that wrote "a handwritten N" for 64 of 64 seeds, though left to right it writes 62 scenes of 64 (61 distinct).
-# Greedy would write one caption for every seed (docs/results.md, "Captions from nothing"). A model folder may
-# store its own (``scheduler/scheduler_config.json``, key ``unconditional_text``): the shipped r10 keeps the
-# confidence order it was judged with. The order keys apply as a unit (a caller who sets any of them chooses
-# the order); the others, such as the temperature, each unless the caller sets it.
-UNCONDITIONAL_TEXT_SETTINGS = {"mode": "semi_ar", "block_length": 1, "steps": 1, "temperature": 0.5}
+# A caption from nothing (no input to read) is sampled at temperature 0.5 in text's order (threshold, commit by
+# confidence): greedy would write one caption for every seed. Confidence order commits first the word the model
+# is surest of whatever the rest; on r12, whose data mix had moved, that wrote "a handwritten N" for 64 of 64
+# seeds, though left to right (LEFT_TO_RIGHT_TEXT, nearly ancestral sampling) it writes 62 scenes of 64. The
+# shipped r10 was judged with confidence order and its joint agreement falls under left to right (0.438 ->
+# 0.250), so that stays the default and a model folder stores its own (``scheduler/scheduler_config.json``, key
+# ``unconditional_text``; docs/results.md, "Captions from nothing"). The order keys apply as a unit (a caller
+# who sets any of them chooses the order); the others, such as the temperature, each unless the caller sets it.
+UNCONDITIONAL_TEXT_SETTINGS = {"temperature": 0.5}
+LEFT_TO_RIGHT_TEXT = {"mode": "semi_ar", "block_length": 1, "steps": 1, "temperature": 0.5}
 UNCONDITIONAL_TEXT_ORDER = ("mode", "block_length", "steps", "block_mode")
 
 

@@ -55,24 +55,24 @@ def test_exported_model_loads_and_refuses_a_non_model(tiny_model_dir, tmp_path):
 
 
 def test_a_model_folder_keeps_its_own_sampler_defaults_through_export(tiny_caption_model_dir, tmp_path):
-    """scheduler/scheduler_config.json in a model folder sets its sampler defaults (here: captions from nothing in
-    confidence order, as the shipped r10 was judged); export carries it; a bad one is refused by name."""
+    """scheduler/scheduler_config.json in a model folder sets its sampler defaults (here: captions from nothing left
+    to right, as r13 stores them); export carries it; a bad one is refused by name."""
     import shutil
 
-    from unimodal.inference.schedulers import MaskedDiffusionScheduler
+    from unimodal.inference.schedulers import LEFT_TO_RIGHT_TEXT, MaskedDiffusionScheduler
     from unimodal.pipeline import UniModal
 
     folder = tmp_path / "model"
     shutil.copytree(tiny_caption_model_dir, folder)
     plain = UniModal.from_pretrained(folder).generate(to="text", seed=0)
-    assert (plain.settings["mode"], plain.settings["block_length"]) == ("semi_ar", 1)  # the library's default
-    MaskedDiffusionScheduler(unconditional_text={"temperature": 0.5}).save_pretrained(folder / "scheduler")
+    assert (plain.settings["mode"], plain.settings["temperature"]) == ("threshold", 0.5)  # the library's default
+    MaskedDiffusionScheduler(unconditional_text=dict(LEFT_TO_RIGHT_TEXT)).save_pretrained(folder / "scheduler")
     out = export_model(folder, tmp_path / "shipped")
     assert (out / "scheduler" / "scheduler_config.json").is_file()
     own = UniModal.from_pretrained(out).generate(to="text", seed=0)
-    assert (own.settings["mode"], own.settings["temperature"]) == ("threshold", 0.5)  # text's order, its temperature
-    given = UniModal.from_pretrained(out).generate(to="text", seed=0, mode="semi_ar", block_length=1)
-    assert given.settings["mode"] == "semi_ar"  # the caller's own still wins
+    assert (own.settings["mode"], own.settings["block_length"]) == ("semi_ar", 1)  # the folder's own order
+    given = UniModal.from_pretrained(out).generate(to="text", seed=0, mode="threshold")
+    assert given.settings["mode"] == "threshold"  # the caller's own still wins
     with pytest.raises(InputError, match="unconditional_text: unknown settings \\['colour'\\]"):
         MaskedDiffusionScheduler(unconditional_text={"colour": 1})
 

@@ -266,8 +266,8 @@ def test_plan_in_text_writes_the_text_then_the_rest_guided_by_it(pipe, monkeypat
     assert stages == [[(["text"], {})], [(["image", "audio"], {"text": joint.token_ids["text"]})]]
     caption = pipe.generate(to="text", seed=5)  # the text stage takes text's defaults, not the outputs' steps=4
     assert joint.text == caption.text and joint.token_ids["text"] == caption.token_ids["text"]
-    for stage in (joint.settings["text_stage"], caption.settings):  # from nothing: left to right, sampled
-        assert (stage["mode"], stage["block_length"], stage["temperature"]) == ("semi_ar", 1, 0.5)
+    for stage in (joint.settings["text_stage"], caption.settings):  # from nothing: text's order, sampled
+        assert (stage["mode"], stage["temperature"]) == ("threshold", 0.5)
     assert joint.settings["text_stage"]["text"] == joint.text
     assert joint.settings["cfg"] == 3.0 and joint.settings["text_stage"]["cfg"] is None  # the rest is guided
     assert joint.forward_passes == len(joint.settings["commits_per_step"]) > caption.forward_passes  # both stages
@@ -339,8 +339,8 @@ def test_unconditional_text_samples_so_seeds_differ(pipe):
     assert len(drawn) > 1
     greedy = {tuple(pipe.generate(to="text", seed=s, temperature=0, **FAST).token_ids["text"]) for s in range(3)}
     assert len(greedy) == 1
-    plain = [pipe.generate(to="text", seed=s) for s in range(4)]  # no order key given: left to right, sampled
-    assert all((r.settings["mode"], r.settings["block_length"]) == ("semi_ar", 1) for r in plain)
+    plain = [pipe.generate(to="text", seed=s) for s in range(4)]  # no order key given: text's order, sampled
+    assert all((r.settings["mode"], r.settings["temperature"]) == ("threshold", 0.5) for r in plain)
     assert len({tuple(r.token_ids["text"]) for r in plain}) > 1
     ordered = pipe.generate(to="text", seed=0, mode="confidence")  # an order key given: the caller's order
     assert ordered.settings["mode"] == "confidence" and ordered.settings["temperature"] == 0.5
@@ -348,12 +348,14 @@ def test_unconditional_text_samples_so_seeds_differ(pipe):
 
 def test_unconditional_text_defaults_layering():
     """The caller's keys win; the order keys of the defaults go as a unit when the caller sets any of them."""
-    from unimodal.inference.schedulers import UNCONDITIONAL_TEXT_SETTINGS, unconditional_text_settings
+    from unimodal.inference.schedulers import LEFT_TO_RIGHT_TEXT, UNCONDITIONAL_TEXT_SETTINGS, unconditional_text_settings
 
     assert unconditional_text_settings({"seed": 3, "temperature": None}) == {"seed": 3, **UNCONDITIONAL_TEXT_SETTINGS}
+    assert unconditional_text_settings({"seed": 3}, LEFT_TO_RIGHT_TEXT) == {"seed": 3, **LEFT_TO_RIGHT_TEXT}
     assert unconditional_text_settings({"temperature": 1.0})["temperature"] == 1.0
-    assert unconditional_text_settings({"steps": 8}) == {"steps": 8, "temperature": 0.5}
-    assert unconditional_text_settings({"mode": "threshold"}) == {"mode": "threshold", "temperature": 0.5}
+    assert unconditional_text_settings({"steps": 8}, LEFT_TO_RIGHT_TEXT) == {"steps": 8, "temperature": 0.5}
+    assert unconditional_text_settings({"mode": "threshold"}, LEFT_TO_RIGHT_TEXT) == {"mode": "threshold",
+                                                                                       "temperature": 0.5}
 
 
 def test_length_caps_and_inputs_as_files(pipe, tmp_path):
