@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -62,7 +63,7 @@ LEFT_TO_RIGHT_TEXT = {"mode": "semi_ar", "block_length": 1, "steps": 1, "tempera
 UNCONDITIONAL_TEXT_ORDER = ("mode", "block_length", "steps", "block_mode")
 
 
-def unconditional_text_settings(settings: dict, defaults: dict | None = None) -> dict:
+def unconditional_text_settings(settings: Mapping, defaults: dict | None = None) -> dict:
     """``settings`` (a caller's, None values meaning unset) for text from nothing: the caller's own keys, over
     ``defaults`` (:data:`UNCONDITIONAL_TEXT_SETTINGS` when None; the order keys only where the caller set none of
     them)."""
@@ -129,20 +130,21 @@ class MaskedDiffusionScheduler(SchedulerMixin, ConfigMixin):
         if unknown:
             raise InputError(f"target_settings: unknown modalities {unknown}; accepted: {list(TARGET_PRIORITY)}")
         for modality, values in table.items():
-            wrong = sorted(set(values) - set(_TARGET_KEYS))
-            if wrong:
-                raise InputError(f"target_settings[{modality!r}]: unknown settings {wrong}; accepted: "
-                                 f"{list(_TARGET_KEYS)}")
-            self.sampler_config(targets=[modality])  # validates the values
+            self._check_settings(f"target_settings[{modality!r}]", values, modality)
         values = self.config.unconditional_text
         if not isinstance(values, dict):
             raise InputError(f"unconditional_text must be a dict of settings, got {values!r}")
+        self._check_settings("unconditional_text", values, "text")
+
+    def _check_settings(self, name: str, values: dict, modality: str) -> None:
+        """One stored table of defaults (``name`` as the config spells it): known keys, values a sampler takes
+        (over ``modality``'s defaults)."""
         wrong = sorted(set(values) - set(_TARGET_KEYS))
         if wrong:
-            raise InputError(f"unconditional_text: unknown settings {wrong}; accepted: {list(_TARGET_KEYS)}")
-        self.sampler_config(targets=["text"], **values)  # validates the values
+            raise InputError(f"{name}: unknown settings {wrong}; accepted: {list(_TARGET_KEYS)}")
+        self.sampler_config(targets=[modality], **values)  # validates the values
 
-    def unconditional_text_settings(self, settings: dict) -> dict:
+    def unconditional_text_settings(self, settings: Mapping) -> dict:
         """A caller's ``settings`` for text from nothing, over this scheduler's ``unconditional_text`` defaults
         (see :func:`unconditional_text_settings`)."""
         return unconditional_text_settings(settings, self.config.unconditional_text)

@@ -223,7 +223,8 @@ class UniModal(DiffusionPipeline):
 
         ``plan``: ``"text"``: a request without a text input puts its plan in words first. The model
         writes the text with text's own defaults whatever the other settings (read from the inputs greedily; or,
-        with no input, sampled left to right by :data:`~unimodal.inference.schedulers.UNCONDITIONAL_TEXT_SETTINGS`;
+        with no input, sampled with the scheduler's ``unconditional_text``, temperature 0.5 by default
+        (:data:`~unimodal.inference.schedulers.UNCONDITIONAL_TEXT_SETTINGS`) unless the model folder stores its own;
         the sampling settings given are the other outputs', the seed is shared), then generates the
         other outputs with the inputs and that text as conditions, guided by it like any prompt. When text is
         an output it is that text (so a joint picture, caption and speech agree); otherwise it is only the plan,
@@ -414,7 +415,7 @@ class UniModal(DiffusionPipeline):
         autoregressive twin writes one token a step whatever the order: its own defaults alone)."""
         if self.autoregressive:
             return dict(settings)
-        return self.scheduler.unconditional_text_settings(dict(settings))
+        return self.scheduler.unconditional_text_settings(settings)
 
     def _capped_steps(self, item: "_Prepared", config: SamplerConfig, asked: bool) -> int:
         """``config.steps``, or the most steps that can each commit a token when there are more (the sampler
