@@ -323,3 +323,23 @@ def test_bench_train_times_both_forms_of_the_adaln_rows_side_by_side(capsys):
     assert "per_token=where" in out and "per_token=product" in out
     assert "adaLN rows by product instead of torch.where (bf16=False, compiled=False, sparse=True, unpad=False):" in out
     assert dit.per_token is chosen  # the benchmark puts the model's own form back
+
+
+def test_compiled_forward_builds_and_matches_the_eager_forward():
+    """The GPU recipe's forward under torch.compile (CompiledForward): it must construct (the first GPU run died
+    there on an UnboundLocalError, and fell back to an eager run) and compute what the eager forward computes.
+    Traced by dynamo with the "eager" backend: the graph capture the GPU run relies on, without a minute of
+    C++ code generation on the CPU."""
+    from conftest import mixed_batch, toy_layout
+    from unimodal.training.train import CompiledForward
+
+    layout = toy_layout()
+    torch.manual_seed(0)
+    model = DiT.from_preset("tiny", layout.vocab_size).eval()
+    batch = mixed_batch(layout)
+    b = batch.batch
+    args = (b.ids, torch.full((b.ids.shape[0],), 0.5), b.segment_ids, b.positions, batch.is_target, b.attention_mask)
+    compiled = CompiledForward(model, backend="eager")
+    with torch.no_grad():
+        eager, out = model(*args), compiled(*args)
+    assert torch.allclose(out.logits, eager.logits, atol=1e-4, rtol=1e-4)

@@ -36,7 +36,7 @@ cat <<EOF
 
 Ready. On a lent GPU (device tool), with the shipped weights moved out of the tree for the call:
   mv unimodal/default_model unimodal/default_codecs /tmp/   # they are not needed there and too big to travel
-  run: bash training/gpu_train.sh --pack $out/train.pack.safetensors --wheels $out/wheels --out \$OUT --minutes 8 -- --preset small --batch-size 512 --steps 20000 --lr 1.5e-3 --warmup 300
+  run: bash training/gpu_train.sh --pack $out/train.pack.safetensors --wheels $out/wheels --out \$OUT --minutes 8 -- --preset small --batch-size 256 --steps 20000 --lr 1.5e-3 --warmup 300
        carry: ["$out"], timeout_s: 600
   git checkout unimodal/default_model unimodal/default_codecs
 Then docs/gpu.md: restore the model from the returned files and export it with the codecs it was packed with

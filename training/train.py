@@ -311,14 +311,17 @@ def objective_loss(model, batch: ExampleBatch, cfg: "TrainConfig", schedule: Mas
 class CompiledForward(torch.nn.Module):
     """The model with its forward (input checks aside) under ``torch.compile``, for training steps."""
 
-    def __init__(self, model: DiT):
+    def __init__(self, model: DiT, backend: str = "inductor"):
         super().__init__()
         self.model = model
-        self._compiled = torch.compile(model.forward_unchecked, dynamic=True)
+        # ``backend``: torch.compile's; tests trace with "eager" (the same graph capture, no code generation)
+        self._compiled = torch.compile(model.forward_unchecked, dynamic=True, backend=backend)
         if next(model.parameters()).is_cuda:  # a compiler failure falls back to eager instead of ending a GPU run
-            import torch._dynamo
+            # bound under its own name: ``import torch._dynamo`` here would make ``torch`` a local of the whole
+            # function and break the torch.compile call above (UnboundLocalError, the first GPU run's failure)
+            from torch import _dynamo
 
-            torch._dynamo.config.suppress_errors = True
+            _dynamo.config.suppress_errors = True
 
     def forward(self, ids, t, segment_ids, positions, is_target, attention_mask, logits=True, critic=True,
                 unpad=False, copies=1):
