@@ -4,7 +4,8 @@
 #   training/gpu_train.sh --pack FILE.pack.safetensors --out DIR [--wheels DIR] [--minutes M] [--device cuda]
 #                         [-- extra `python -m unimodal.training.train` arguments, e.g. --preset small --batch-size 512]
 #
-# The machine needs Python with PyTorch, accelerate and safetensors; diffusers (and anything else missing) comes
+# A run that fails before saving anything (a compiler failure in its set-up) is tried once more without torch.compile
+# in the time left. The machine needs Python with PyTorch, accelerate and safetensors; diffusers (and anything else missing) comes
 # as wheels in --wheels, installed into a private folder. Nothing is downloaded. The run trains for at most
 # --minutes of wall clock (the step count is fitted to that budget after 30 timed steps), saves EMA weights
 # in float16 safetensors shards of at most 15 MB, and writes into --out at most 8 files, none over 16 MiB:
@@ -57,10 +58,28 @@ print(f"torch {torch.__version__}, CUDA {torch.cuda.is_available()}"
       + (f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""))
 EOF
 
+train() {  # train MINUTES [extra arguments]
+  local budget="$1"; shift
+  "$python" -m unimodal.training.train --data "$pack" --out "$work/run" --device "$device" --max-minutes "$budget" \
+    --fit-steps --shard-mb 15 --half-weights --val-every 500 --checkpoint-every 1000000 "$@" 2>&1 | tee -a "$log"
+  return "${PIPESTATUS[0]}"
+}
+started=$(date +%s)
 set +e
-"$python" -m unimodal.training.train --data "$pack" --out "$work/run" --device "$device" --max-minutes "$minutes" --fit-steps \
-  --shard-mb 15 --half-weights --val-every 500 --checkpoint-every 1000000 "$@" 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+train "$minutes" "$@"
+status=$?
+# A run that died before it saved anything (the first GPU run did, in torch.compile's set-up) is tried once more
+# without the compiler, in the time left, rather than coming back empty.
+spent=$(( $(date +%s) - started ))
+if [ "$status" -ne 0 ] && [ ! -f "$work/run/history.json" ] && [[ " $* " != *" --no-compile "* ]]; then
+  left=$("$python" -c "print(round($minutes - $spent / 60 - 0.5, 2))")
+  if "$python" -c "import sys; sys.exit(not $left >= 1)"; then
+    echo "gpu_train.sh: the run failed after ${spent}s before saving anything; again without torch.compile for $left min" | tee -a "$log"
+    rm -rf "$work/run"
+    train "$left" "$@" --no-compile
+    status=$?
+  fi
+fi
 set -e
 "$python" -m unimodal.training.bench summarize "$work/run" --json "$work/summary.json" 2>&1 | tee -a "$log" || true
 
