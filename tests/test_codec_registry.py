@@ -95,8 +95,8 @@ def test_an_unregistered_modality_is_named_with_the_known_ones():
 
 
 def test_a_codec_set_can_share_a_modality_with_another_folder(tiny_codec_dir, tmp_path):
-    """A codec set stores only the codecs that differ; ``codecs.json`` names where the others are (the shipped
-    ``default_codecs`` shares the default model's image and text codecs, so they are stored once)."""
+    """A codec set stores only the codecs that differ; ``codecs.json`` names where the others are (a newer codec set
+    beside the default model, ``unimodal/default_codecs``, shares its image and text codecs: stored once)."""
     import json
     import shutil
 

@@ -144,8 +144,8 @@ def test_the_wheel_installs_one_top_level_package(tmp_path):
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top == {"unimodal"}
     for part in ("backbone/dit.py", "training/train.py", "training/data/folder.py", "inference/sampler.py",
-                 "tokenizers_mm/layout.py", "core/errors.py", "default_model/layout.json", "default_codecs/codecs.json",
-                 "default_codecs/audio/vq/int8.safetensors", "default_model/backbone/int8.safetensors"):
+                 "tokenizers_mm/layout.py", "core/errors.py", "default_model/layout.json",
+                 "default_model/audio/vq/int8.safetensors", "default_model/backbone/int8.safetensors"):
         assert f"unimodal/{part}" in names
 
 

@@ -9,13 +9,15 @@ from unimodal.training.tokens import CodecStack
 from unimodal.core.paths import PACKAGE_DIR, default_codecs_dir
 
 
-def test_new_models_train_with_the_packaged_codec_set():
-    assert default_codecs_dir() == PACKAGE_DIR / "default_codecs"
+def test_new_models_train_with_the_default_models_codecs():
+    """The shipped model (g1) was trained with the package's best codec set (the 31.25 codes/s audio codec), so
+    its folder is the one codec set: a new model trains with what the default model reads."""
+    assert default_codecs_dir() == PACKAGE_DIR / "default_model"
 
 
-@pytest.mark.parametrize("folder, frame_rate", [("default_codecs", 31.25), ("default_model", 15.625)])
-def test_shipped_codecs_load_and_round_trip(folder, frame_rate):
-    stack = CodecStack.load(PACKAGE_DIR / folder)
+def test_shipped_codecs_load_and_round_trip():
+    frame_rate = 31.25
+    stack = CodecStack.load(PACKAGE_DIR / "default_model")
     layout = stack.layout
     assert (layout.text_vocab_size, layout.image_codebook_size, layout.audio_codebook_size) == (4096, 512, 512)
     assert layout.audio_frame_rate == frame_rate and layout.image_grid == (8, 8)
@@ -54,20 +56,15 @@ def test_packaged_default_model_loads_offline_and_generates(monkeypatch):
 
 
 def test_each_shipped_codec_is_stored_once():
-    """default_codecs holds only the codec that differs from the default model's (the 31.25 codes/s audio
-    codec) and names the shared ones in codecs.json; no two shipped weight files are the same bytes."""
+    """One shipped folder: the default model carries the codecs it was trained with, and no second codec set sits
+    beside it (the old ``default_codecs`` went when g1, trained with its codecs, was shipped); no two shipped
+    weight files are the same bytes, and every one is int8-stored."""
     import hashlib
-    import json
 
-    from unimodal.tokenizers_mm import codec_folder
-
-    shipped = PACKAGE_DIR / "default_codecs"
-    assert sorted(p.name for p in shipped.iterdir() if p.is_dir()) == ["audio"]
-    assert json.loads((shipped / "codecs.json").read_text())["shared"] == {"image": "../default_model",
-                                                                            "text": "../default_model"}
-    for modality in ("image", "text"):
-        assert codec_folder(shipped, modality).resolve() == (PACKAGE_DIR / "default_model" / modality).resolve()
-    weights = sorted(PACKAGE_DIR.glob("default_*/**/*.safetensors"))
+    assert sorted(p.name for p in PACKAGE_DIR.glob("default_*")) == ["default_model"]
+    weights = sorted(PACKAGE_DIR.glob("default_model/**/*.safetensors"))
+    assert {p.parent.relative_to(PACKAGE_DIR / "default_model").parts[0] for p in weights} == {
+        "audio", "backbone", "image"}
     digests = [hashlib.sha256(path.read_bytes()).hexdigest() for path in weights]
     assert len(set(digests)) == len(digests), [str(p) for p in weights]
     assert all(path.name == "int8.safetensors" for path in weights)  # every shipped weight file is int8-stored

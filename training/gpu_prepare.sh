@@ -34,11 +34,11 @@ python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d
 du -sh "$out"
 cat <<EOF
 
-Ready. On a lent GPU (device tool), with the shipped weights moved out of the tree for the call:
-  mv unimodal/default_model unimodal/default_codecs /tmp/   # they are not needed there and too big to travel
+Ready. On a lent GPU (device tool), with the shipped model moved out of the tree for the call:
+  mv unimodal/default_model /tmp/   # not needed there, and too big to travel with the pack
   run: bash training/gpu_train.sh --pack $out/train.pack.safetensors --wheels $out/wheels --out \$OUT --minutes 8 -- --preset small --batch-size 256 --steps 20000 --lr 1.5e-3 --warmup 300
        carry: ["$out"], timeout_s: 600
-  git checkout unimodal/default_model unimodal/default_codecs
+  git checkout unimodal/default_model
 Then docs/gpu.md: restore the model from the returned files and export it with the codecs it was packed with
-(unimodal export-model ... --codecs ${codecs:-unimodal/default_codecs}).
+(unimodal export-model ... --codecs ${codecs:-unimodal/default_model}).
 EOF

@@ -13,7 +13,7 @@
 #   DIR/meta.tar                      model/ (configs, layout, shard index), history.json, train.log, summary.json
 # Back on a machine with the codecs (docs/gpu.md):
 #   mkdir -p run && tar -xf DIR/meta.tar -C run && cp DIR/weights/* run/model/backbone/
-#   unimodal export-model --model run/model --codecs unimodal/default_codecs --out unimodal/default_model
+#   unimodal export-model --model run/model --codecs unimodal/default_model --int8 --out NEW_MODEL
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
