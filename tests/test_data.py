@@ -68,6 +68,13 @@ def test_parser_rejects_incomplete_captions():
     assert pair != flipped and scenes_equal(pair, flipped)
 
 
+def test_parser_reads_british_spellings_as_the_captions_american_ones():
+    """Whisper spells "centre" for some voices: g1's spoken "a large blue square in the centre." was judged wrong
+    by the caption grammar (not by the word error rate, which already normalised it) until the parser read it."""
+    british = parse_scene_caption("a large blue square in the centre.")
+    assert british is not None and british == parse_scene_caption("in the center, a large blue square")
+
+
 def test_heldout_pairs_never_in_train(tiny_scenes):
     def pairs(split):
         return {(o["color"], o["shape"]) for s in BuiltDataset(tiny_scenes, split) for o in s.meta["attributes"]["objects"]}

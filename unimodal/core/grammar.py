@@ -88,8 +88,13 @@ def digit_caption(digit: int, template: int) -> str:
 _WORD = re.compile(r"[a-z0-9]+")
 
 
+# Whisper writes British spellings for some voices; the captions are American. A transcript that says
+# "in the centre" states the caption's "in the center", so both the parser and the word error rate read it so.
+AMERICAN_SPELLING = {"centre": "center", "colour": "color", "grey": "gray"}
+
+
 def _words(text: str) -> list[str]:
-    return _WORD.findall(text.lower())
+    return [AMERICAN_SPELLING.get(w, w) for w in _WORD.findall(text.lower())]
 
 
 def _parse_object(words: list[str]) -> dict | None:

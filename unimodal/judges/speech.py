@@ -10,14 +10,12 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from unimodal.core.errors import InputError
-from unimodal.core.grammar import DIGIT_WORDS
+from unimodal.core.grammar import AMERICAN_SPELLING, DIGIT_WORDS
 from unimodal.core.media import SAMPLE_RATE
 from unimodal.judges.common import require
 
 
 _PUNCTUATION = re.compile(r"[^\w\s]")
-# Whisper writes British spellings for some voices; the captions are American.
-_SPELLING = {"centre": "center", "colour": "color", "grey": "gray"}
 
 
 def normalize_text(text: str) -> str:
@@ -26,7 +24,7 @@ def normalize_text(text: str) -> str:
     Also American spelling for the few words Whisper spells the British way ("centre" -> "center").
     """
     text = text.lower().replace("-", " ").replace("'", "")
-    words = [_SPELLING.get(w, w) for w in _PUNCTUATION.sub(" ", text).split()]
+    words = [AMERICAN_SPELLING.get(w, w) for w in _PUNCTUATION.sub(" ", text).split()]
     return " ".join(DIGIT_WORDS[int(w)] if len(w) == 1 and w.isdigit() else w for w in words)
 
 
