@@ -16,11 +16,10 @@ def test_new_models_train_with_the_default_models_codecs():
 
 
 def test_shipped_codecs_load_and_round_trip():
-    frame_rate = 31.25
     stack = CodecStack.load(PACKAGE_DIR / "default_model")
     layout = stack.layout
     assert (layout.text_vocab_size, layout.image_codebook_size, layout.audio_codebook_size) == (4096, 512, 512)
-    assert layout.audio_frame_rate == frame_rate and layout.image_grid == (8, 8)
+    assert layout.audio_frame_rate == 31.25 and layout.image_grid == (8, 8)
     assert stack.audio.vocoder is not None  # the trained vocoder ships with each audio codec
     sample = make_sample(0, 2, 0, heldout=False, speech=True)
     assert stack.text.decode(stack.text.encode([sample.text]))[0] == sample.text

@@ -72,8 +72,8 @@ status=$?
 # without the compiler, in the time left, rather than coming back empty.
 spent=$(( $(date +%s) - started ))
 if [ "$status" -ne 0 ] && [ ! -f "$work/run/history.json" ] && [[ " $* " != *" --no-compile "* ]]; then
-  left=$("$python" -c "print(round($minutes - $spent / 60 - 0.5, 2))")
-  if "$python" -c "import sys; sys.exit(not $left >= 1)"; then
+  left=$("$python" -c "left = round($minutes - $spent / 60 - 0.5, 2); print(left if left >= 1 else '')")
+  if [ -n "$left" ]; then  # at least a minute left for the second try
     echo "gpu_train.sh: the run failed after ${spent}s before saving anything; again without torch.compile for $left min" | tee -a "$log"
     rm -rf "$work/run"
     train "$left" "$@" --no-compile
