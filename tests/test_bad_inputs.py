@@ -408,7 +408,11 @@ def test_training_data_that_cannot_be_trained_on_is_refused(tiny_codec_dir, tiny
              (tmp_path / "gone.pack.safetensors", "no such pack file"),
              (tmp_path / "fake.pack.safetensors", "not a readable pack"),
              (tmp_path / "weights.pack.safetensors", "pack format"),
-             (f"{tmp_path / 'weights.pack.safetensors'},{tiny_scenes}", "alone")]
+             (f"{tmp_path / 'weights.pack.safetensors'},{tiny_scenes}", "alone"),
+             (f"{tiny_scenes}:0", "must be a positive number"), (f"{tiny_scenes}:-2", "must be a positive number"),
+             (f"{tiny_scenes}:nan", "must be a positive number"), (f"{tiny_scenes}:0.001", "keeps none of its 32"),
+             (f"{tmp_path / 'fake.pack.safetensors'}:2", "weights are set when it is packed"),
+             ("imagenet:2", "neither an embedded set")]
     for data, message in cases:
         code, err = train_cli(capsys, tmp_path, tiny_codec_dir, data)
         assert code == 2 and err.startswith("error: ") and message in err, (data, err)

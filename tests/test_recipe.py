@@ -220,6 +220,54 @@ def test_pack_round_trip_and_training_from_a_pack_without_codecs(tiny_codec_dir,
         train(tmp_path / "mixed", [str(path), str(tiny_scenes)], tiny_codec_dir, _cfg(), progress=False)
 
 
+def test_data_weights_draw_a_set_as_often_as_its_weight_says():
+    from unimodal.training.data.sources import split_weight, weighted
+
+    assert split_weight("digits:4") == ("digits", 4.0) and split_weight("digits") == ("digits", 1.0)
+    assert split_weight("runs/a:b") == ("runs/a:b", 1.0)  # a colon that is part of a name
+    assert split_weight("/data/set:0.5") == ("/data/set", 0.5)
+    samples = [{"i": i} for i in range(10)]
+    assert weighted(samples, 1) == samples and weighted(samples, 3) == samples * 3
+    half = weighted(samples, 2.5, seed=7)
+    assert half[:20] == samples * 2 and len(half) == 25 and len({id(s) for s in half[20:]}) == 5
+    assert half == weighted(samples, 2.5, seed=7) and half[20:] != weighted(samples, 2.5, seed=8)[20:]
+    assert all(s is samples[s["i"]] for s in half)  # references, not copies
+    with pytest.raises(InputError, match="keeps none"):
+        weighted(samples, 0.01, name="x")
+
+
+def test_a_weighted_pack_stores_each_sample_once_and_trains_on_the_weights(tiny_codec_dir, tiny_scenes, tmp_path,
+                                                                          capsys):
+    from unimodal.cli import main
+    from unimodal.training.pack import load_pack
+    from unimodal.training.train import load_run_data
+
+    plain, heavy = tmp_path / "plain.pack.safetensors", tmp_path / "heavy.pack.safetensors"
+    for data, out in ((f"{tiny_scenes}", plain), (f"{tiny_scenes},{tiny_scenes}:2.5", heavy)):
+        assert main(["data", "pack", "--data", data, "--codecs", str(tiny_codec_dir), "--out", str(out)]) == 0
+    assert "train weights scenes x1, scenes x2.5" in capsys.readouterr().out
+    pack = load_pack(heavy)
+    assert pack.meta["counts"]["train"] == 64 and pack.meta["counts"]["val"] == 8  # stored once each
+    assert [(n, w) for _, n, w in pack.train_parts()] == [(32, 1.0), (32, 2.5)]
+    assert len(pack.weighted_train()) == 32 + 80
+    single = load_pack(plain)
+    assert [id(s) for s in single.weighted_train()] == [id(s) for s in single.splits["train"]]
+
+    class Accelerator:  # what load_run_data asks of accelerate's
+        is_main_process = True
+
+        @staticmethod
+        def main_process_first():
+            import contextlib
+            return contextlib.nullcontext()
+
+    run = load_run_data([str(heavy)], None, _cfg(), Accelerator(), progress=True)
+    assert len(run.train) == 112 and len(run.val) == 8
+    assert "data: scenes 32 x1 (29%), scenes 32 x2.5 (71%)" in capsys.readouterr().out
+    direct = load_run_data([f"{tiny_scenes}:3"], tiny_codec_dir, _cfg(), Accelerator(), progress=False)
+    assert len(direct.train) == 96 and len(direct.val) == 4 and direct.sources == [f"{tiny_scenes}:3"]
+
+
 def test_max_minutes_stops_cleanly_with_a_checkpoint_and_a_model(tiny_codec_dir, tiny_scenes, tmp_path, capsys):
     model_dir = train(tmp_path / "short", [str(tiny_scenes)], tiny_codec_dir, _cfg(steps=50), progress=True,
                       options=RunOptions(max_minutes=0.01))  # 0.6 s: less than the save reserve

@@ -106,19 +106,20 @@ def data_batches(data: str, batch_size: int, grad_accum: int = 1, codec_dir=None
     for step ``step`` (default task mixture, seed 0). ``data``: data sets (``scenes,digits``, folders) encoded
     with ``codec_dir`` (default: the shipped codecs; the token cache makes a second call quick), or one pack."""
     from unimodal.core.paths import default_codecs_dir
-    from unimodal.training.data.sources import resolve_data
+    from unimodal.training.data.sources import resolve_weighted, weighted
     from unimodal.training.pack import is_pack, load_pack
     from unimodal.training.tokens import CodecStack
     from unimodal.training.train import StepBatches, TrainConfig, _load_tokens
 
     if is_pack(data):
         pack = load_pack(data)
-        layout, tokens = pack.layout, pack.splits["train"]
+        layout, tokens = pack.layout, pack.weighted_train()
     else:
         codec_dir = Path(codec_dir or default_codecs_dir())
         stack = CodecStack.load(codec_dir)
         layout = stack.layout
-        tokens = _load_tokens(stack, codec_dir, resolve_data([d for d in data.split(",") if d]), "train", False)
+        tokens = [s for source, weight in resolve_weighted([d for d in data.split(",") if d])
+                  for s in weighted(_load_tokens(stack, codec_dir, [source], "train", False), weight)]
     cfg = TrainConfig(batch_size=batch_size, grad_accum=grad_accum)
     _, _, batches = StepBatches(layout, tokens, cfg, step, step + 1, rank=0, world=1).batches(step)
     return layout, batches

@@ -37,6 +37,24 @@ class Pack:
     def fingerprint(self) -> str:
         return self.meta["codec_fingerprint"]
 
+    def train_parts(self) -> list[tuple[str, int, float]]:
+        """(source, training samples, weight) of each packed data set in order; one part of weight 1 for a pack
+        written before weights were recorded."""
+        parts = self.meta.get("train_parts")
+        if not parts:
+            return [(", ".join(self.meta.get("sources", [])) or "pack", len(self.splits["train"]), 1.0)]
+        return [(p["source"], int(p["n"]), float(p["weight"])) for p in parts]
+
+    def weighted_train(self, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+        """The training split with each data set drawn as often as its packed weight says (``digits:4``)."""
+        from unimodal.training.data.sources import weighted
+
+        out, start = [], 0
+        for source, n, weight in self.train_parts():
+            out += weighted(self.splits["train"][start:start + n], weight, seed, source)
+            start += n
+        return out
+
 
 def is_pack(path: str | Path) -> bool:
     return str(path).endswith(PACK_SUFFIX) and Path(path).is_file()
@@ -131,22 +149,27 @@ def build_pack(data: list[str], codec_dir: str | Path, out: str | Path, max_audi
     """Tokenise every split of ``data`` (embedded set names, built folders, manifests) with the codecs in
     ``codec_dir`` and write one pack; refuses a pack larger than :data:`MAX_PACK_BYTES`."""
     from unimodal.training.tokens import MAX_AUDIO_SECONDS, CodecStack, tokenized_split
-    from unimodal.training.data.sources import resolve_data
+    from unimodal.training.data.sources import dataset_names, resolve_weighted, weighted
 
     _checked_out(out)  # refused before the codecs load and every split is encoded
-    sources = resolve_data(data)
+    weighted_sources = resolve_weighted(data)
+    sources = [source for source, _ in weighted_sources]
     stack = CodecStack.load(codec_dir, max_audio_seconds=max_audio_seconds or MAX_AUDIO_SECONDS)
     splits: dict[str, list] = {}
+    parts = []
     for split in PACK_SPLITS:
-        for source in sources:
+        for source, weight in weighted_sources:
             if _has_split(source, split):
-                splits.setdefault(split, []).extend(tokenized_split(stack, codec_dir, source, split, progress))
+                tokens = tokenized_split(stack, codec_dir, source, split, progress)
+                splits.setdefault(split, []).extend(tokens)
+                if split == "train":  # stored once; the weight is applied when a run loads the pack
+                    weighted(tokens, weight, 0, str(source))  # refuses a weight that keeps nothing, now
+                    parts.append({"source": str(source), "n": len(tokens), "weight": weight})
     if "train" not in splits:
         raise DataError(f"{data}: no training split to pack")
-    from unimodal.training.data.sources import dataset_names
 
     meta = {"codec_fingerprint": stack.fingerprint(codec_dir), "sources": [str(s) for s in sources],
-            "datasets": dataset_names(sources),
+            "datasets": dataset_names(sources), "train_parts": parts,
             "max_audio_seconds": max_audio_seconds or MAX_AUDIO_SECONDS}
     path = pack_tokens(splits, stack.layout, out, meta)
     if path.stat().st_size > MAX_PACK_BYTES:

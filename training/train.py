@@ -35,7 +35,7 @@ from unimodal.training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, TaskMixt
 from unimodal.training.tokens import MAX_AUDIO_SECONDS
 from unimodal.core.errors import DataError, InputError
 from unimodal.core.paths import atomic_write, model_hash, user_path
-from unimodal.training.data.sources import data_kind, dataset_names, resolve_data
+from unimodal.training.data.sources import data_kind, dataset_names, resolve_weighted, weighted
 from unimodal.core.int8 import load_pretrained
 
 CRITIC_WEIGHT = 0.1  # --critic-weight to train the critic with: its BCE (~0.7 untrained, ~0.1-0.3 trained) then
@@ -428,6 +428,12 @@ def check_data(names: list[str] | tuple[str, ...]) -> None:
     if not names:
         raise InputError("--data is empty; give an embedded set (scenes, digits), a built data set folder, a JSONL "
                          "manifest or one pack (*.pack.safetensors)")
+    from unimodal.training.data.sources import split_weight
+
+    for name in names:
+        if str(name) != split_weight(name)[0] and split_weight(name)[0].endswith(PACK_SUFFIX):
+            raise InputError(f"--data {name}: a pack's weights are set when it is packed (`unimodal data pack "
+                             f"--data scenes,digits:4`); give the pack alone, without a weight")
     if any(str(name).endswith(PACK_SUFFIX) for name in names):
         if len(names) != 1:
             raise InputError(f"--data: a pack holds a whole training set; give it alone, got {list(names)}")
@@ -548,19 +554,35 @@ def load_run_data(data: list[str], codec_dir, cfg: TrainConfig, accelerator, pro
         if len(data) != 1:
             raise InputError(f"--data: a pack holds a whole training set; give it alone, got {data}")
         pack = load_pack(data[0])
-        return RunData(pack.layout, pack.splits["train"], pack.splits.get("val", []), None, [str(data[0])],
-                       pack.fingerprint, pack.meta.get("datasets"))
+        parts = pack.train_parts()
+        if progress and accelerator.is_main_process:
+            _print_shares(parts)
+        return RunData(pack.layout, pack.weighted_train(cfg.seed), pack.splits.get("val", []), None,
+                       [str(data[0])], pack.fingerprint, pack.meta.get("datasets"))
     from unimodal.training.tokens import CodecStack
 
     codec_dir = Path(codec_dir)
     stack = CodecStack.load(codec_dir, max_audio_seconds=cfg.max_audio_seconds)
-    data_dirs = resolve_data(data)
+    sources = resolve_weighted(data)
+    data_dirs = [source for source, _ in sources]
     with accelerator.main_process_first():
         show = progress and accelerator.is_main_process
-        train_tokens = _load_tokens(stack, codec_dir, data_dirs, "train", show)
+        train_parts = [(source, _load_tokens(stack, codec_dir, [source], "train", show), weight)
+                       for source, weight in sources]
         val_tokens = _load_tokens(stack, codec_dir, data_dirs, "val", show)
-    return RunData(stack.layout, train_tokens, val_tokens, codec_dir, [str(d) for d in data_dirs],
-                   datasets=dataset_names(data_dirs))
+    if show:
+        _print_shares([(str(source), len(tokens), weight) for source, tokens, weight in train_parts])
+    train_tokens = [s for source, tokens, weight in train_parts for s in weighted(tokens, weight, cfg.seed, str(source))]
+    return RunData(stack.layout, train_tokens, val_tokens, codec_dir,
+                   [str(d) + (f":{w:g}" if w != 1 else "") for d, w in sources], datasets=dataset_names(data_dirs))
+
+
+def _print_shares(parts: list[tuple[str, int, float]]) -> None:
+    """One line: each data set's training samples, weight and share of an epoch (when there is more than one)."""
+    total = sum(n * w for _, n, w in parts)
+    if len(parts) > 1 and total:
+        print("data: " + ", ".join(f"{Path(s).name} {n:,} x{w:g} ({n * w / total:.0%})" for s, n, w in parts),
+              flush=True)
 
 
 @dataclass
@@ -898,7 +920,9 @@ def add_arguments(parser) -> None:
 
     parser.add_argument("--preset", default="small", help="backbone size: tiny, mini, small or base")
     parser.add_argument("--data", default="scenes", help="comma-separated: scenes, digits, built data folders or "
-                                                         "JSONL manifests of your own data")
+                                                         "JSONL manifests of your own data; NAME:W draws a set's "
+                                                         "training samples W times an epoch (e.g. scenes,digits:4; "
+                                                         "a fraction keeps a fixed share), or one pack")
     parser.add_argument("--codecs", default=str(default_codecs_dir()),
                         help="folder holding text/, image/ and audio/ codecs (default: the codecs shipped in the "
                              "package, else ~/.cache/unimodal/codecs)")

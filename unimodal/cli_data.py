@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 
 def _cmd_data_build(args) -> int:
@@ -21,8 +22,11 @@ def _cmd_data_pack(args) -> int:
 
     path = build_pack([d for d in args.data.split(",") if d], args.codecs or default_codecs_dir(), args.out,
                       args.max_audio_seconds)
-    counts = load_pack(path).meta["counts"]
-    print(f"{path} ({path.stat().st_size / 2**20:.1f} MiB): " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    pack = load_pack(path)
+    weights = "; train weights " + ", ".join(f"{Path(s).name} x{w:g}" for s, _, w in pack.train_parts()) \
+        if any(w != 1 for _, _, w in pack.train_parts()) else ""
+    print(f"{path} ({path.stat().st_size / 2**20:.1f} MiB): "
+          + ", ".join(f"{k} {v}" for k, v in pack.meta["counts"].items()) + weights)
     return 0
 
 
@@ -65,7 +69,8 @@ def add_data_commands(sub) -> None:
     info.set_defaults(func=_cmd_data_info)
     pack = data.add_parser("pack", help="tokenise every split into one small file that training reads without "
                                         "codecs (what a GPU machine trains on)")
-    pack.add_argument("--data", required=True, help="comma-separated: scenes, digits, built data folders, manifests")
+    pack.add_argument("--data", required=True, help="comma-separated: scenes, digits, built data folders, manifests; "
+                      "NAME:W draws a set's training samples W times an epoch (e.g. scenes,digits:4)")
     pack.add_argument("--codecs", default=None, help="codec folder (default: the package's shipped codecs)")
     pack.add_argument("--max-audio-seconds", type=float, default=None, help="longest audio a sample keeps")
     pack.add_argument("--out", required=True, help="the pack file, named *.pack.safetensors")

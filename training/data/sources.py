@@ -4,15 +4,51 @@ set folder, or a JSONL manifest of the user's own files."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from unimodal.core.errors import InputError
+
+
+def split_weight(entry: str) -> tuple[str, float]:
+    """``NAME:W`` -> (NAME, W): a ``--data`` entry whose training split is drawn W times per epoch (W > 0; a
+    fraction draws a fixed share of it). A plain entry, or a path that holds a colon, weighs 1."""
+    entry = str(entry)
+    name, sep, tail = entry.rpartition(":")
+    if not sep or not name or Path(entry).exists():
+        return entry, 1.0
+    try:
+        weight = float(tail)
+    except ValueError:
+        return entry, 1.0  # a colon that is part of a name
+    if not math.isfinite(weight) or weight <= 0:
+        raise InputError(f"--data entry {entry!r}: the weight after ':' must be a positive number (how many "
+                         f"times an epoch its training samples are drawn, e.g. digits:4), got {tail!r}")
+    return name, weight
+
+
+def weighted(samples: list, weight: float, seed: int = 0, name: str = "") -> list:
+    """``samples`` drawn ``weight`` times: whole copies, then a fixed seeded share for the fraction (references,
+    no copies of the tensors). Refuses a weight that keeps no sample."""
+    whole, fraction = divmod(float(weight), 1.0)
+    out = list(samples) * int(whole)
+    extra = round(fraction * len(samples))
+    if extra:
+        import numpy as np
+
+        keep = np.random.default_rng([seed, len(samples)]).permutation(len(samples))[:extra]
+        out += [samples[i] for i in sorted(keep.tolist())]
+    if samples and not out:
+        raise InputError(f"--data {name or 'entry'}:{weight:g} keeps none of its {len(samples)} training samples; "
+                         f"give a weight of at least {0.5 / len(samples):.2g}")
+    return out
 
 
 def data_kind(name: str) -> str:
     """``embedded``, ``built`` (a folder with info.json) or ``manifest`` (a .jsonl file), else an InputError."""
     from unimodal.training.data.build import BUILDERS
 
+    name = split_weight(name)[0]
     if name in BUILDERS:
         return "embedded"
     if (Path(name) / "info.json").exists():
@@ -25,18 +61,25 @@ def data_kind(name: str) -> str:
 
 def resolve_data(names: list[str] | tuple[str, ...]) -> list[Path]:
     """Each entry: an embedded set name (built into the cache on first use), a built data set folder, or a
-    JSONL manifest of the user's own data (see ``unimodal.training.data.folder``)."""
+    JSONL manifest of the user's own data (see ``unimodal.training.data.folder``). Weights (``NAME:W``) are
+    dropped here: :func:`resolve_weighted` keeps them."""
+    return [source for source, _ in resolve_weighted(names)]
+
+
+def resolve_weighted(names: list[str] | tuple[str, ...]) -> list[tuple[Path, float]]:
+    """:func:`resolve_data` with each entry's weight (``digits:4`` -> (the digits folder, 4.0))."""
     from unimodal.training.data.build import DEFAULT_N, build
     from unimodal.core.paths import data_dir
 
-    dirs = []
-    for name in names:
+    out = []
+    for entry in names:
+        name, weight = split_weight(entry)
         if data_kind(name) == "embedded":
             path = data_dir(name, DEFAULT_N[name], 0)
-            dirs.append(path if (path / "info.json").exists() else build(name, out=path))
+            out.append((path if (path / "info.json").exists() else build(name, out=path), weight))
         else:
-            dirs.append(Path(name))
-    return dirs
+            out.append((Path(name), weight))
+    return out
 
 
 EMBEDDED_SETS = ("scenes", "digits")
