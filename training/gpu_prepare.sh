@@ -38,11 +38,15 @@ python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d
 du -sh "$out"
 cat <<EOF
 
-Ready. On a lent GPU (device tool), with the shipped model moved out of the tree for the call:
-  mv unimodal/default_model /tmp/   # not needed there, and too big to travel with the pack
-  run: bash training/gpu_train.sh --pack $out/train.pack.safetensors --wheels $out/wheels --out \$OUT --minutes 8 -- --preset small --batch-size 256 --steps 20000 --lr 1.5e-3 --warmup 300
-       carry: ["$out"], timeout_s: 600
-  git checkout unimodal/default_model
+Ready. On a lent GPU (device tool), one of:
+  continue the shipped model (it travels with the tree: ~60 MiB with $out, under the 64 MiB a call carries):
+    run: bash training/gpu_train.sh --pack $out/train.pack.safetensors --wheels $out/wheels --out \$OUT --minutes 8.4 -- --preset small --init-from unimodal/default_model --batch-size 512 --steps 20000 --lr 1e-3 --warmup 200
+         carry: ["$out"], timeout_s: 600
+  or from scratch, with the shipped model moved out of the tree for the call (not needed there):
+    mv unimodal/default_model /tmp/
+    run: bash training/gpu_train.sh --pack $out/train.pack.safetensors --wheels $out/wheels --out \$OUT --minutes 8.4 -- --preset small --batch-size 256 --steps 20000 --lr 1.5e-3 --warmup 300
+         carry: ["$out"], timeout_s: 600
+    git checkout unimodal/default_model
 Then docs/gpu.md: restore the model from the returned files and export it with the codecs it was packed with
 (unimodal export-model ... --codecs ${codecs:-unimodal/default_model}).
 EOF
