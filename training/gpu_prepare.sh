@@ -2,17 +2,18 @@
 # Prepare everything a GPU machine needs to train the model, in one ignored folder of the repository (.gpu/):
 #   .gpu/train.pack.safetensors   every split of scenes (--scenes N) and digits, tokenised with the shipped codecs
 #                                 (or the codec set --codecs names: a recipe experiment's codec); the digits'
-#                                 training samples drawn --digits-weight times an epoch (default 6: ~21% of
-#                                 the samples beside 32,000 training scenes; at weight 1, g1's 4%, it drew
-#                                 digits at 0.32 where r10, at ~15%, drew them at 0.96)
+#                                 training samples drawn --digits-weight times an epoch (default 4: ~15% of
+#                                 the samples beside 32,000 training scenes, r10's share, at which it drew
+#                                 digits at 0.96; at weight 1, g1's 4%, 0.32; at weight 16, 42%, a CPU
+#                                 fine-tune's captions from nothing turned to digits and joint fell)
 #   .gpu/wheels/                  diffusers (the version installed here) and what it needs that the machine lacks
 # then print the command that runs training/gpu_train.sh there. Run it from the repository root, on a machine
 # where `pip install -e .` has been done; the data build takes ~15 min for 40,000 scenes on two idle cores and
 # is cached under ~/.cache/unimodal.
 #
-#   training/gpu_prepare.sh [--scenes 40000] [--digits-weight 6] [--codecs FOLDER] [--out .gpu]
+#   training/gpu_prepare.sh [--scenes 40000] [--digits-weight 4] [--codecs FOLDER] [--out .gpu]
 set -euo pipefail
-scenes=40000 out=.gpu codecs= digits_weight=6
+scenes=40000 out=.gpu codecs= digits_weight=4
 while [ $# -gt 0 ]; do
   case "$1" in
     --scenes) scenes="$2"; shift 2 ;;
