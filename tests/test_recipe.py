@@ -2,6 +2,7 @@
 choice, packs, time-budgeted runs and sharded model folders."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -226,6 +227,7 @@ def test_data_weights_draw_a_set_as_often_as_its_weight_says():
     assert split_weight("digits:4") == ("digits", 4.0) and split_weight("digits") == ("digits", 1.0)
     assert split_weight("runs/a:b") == ("runs/a:b", 1.0)  # a colon that is part of a name
     assert split_weight("/data/set:0.5") == ("/data/set", 0.5)
+    assert split_weight("~/sets/digits:2") == (str(Path.home() / "sets" / "digits"), 2.0)  # after a comma too
     samples = [{"i": i} for i in range(10)]
     assert weighted(samples, 1) == samples and weighted(samples, 3) == samples * 3
     half = weighted(samples, 2.5, seed=7)

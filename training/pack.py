@@ -57,7 +57,7 @@ class Pack:
 
 
 def is_pack(path: str | Path) -> bool:
-    return str(path).endswith(PACK_SUFFIX) and Path(path).is_file()
+    return str(path).endswith(PACK_SUFFIX) and Path(path).expanduser().is_file()
 
 
 def pack_tokens(splits: dict[str, list[dict[str, torch.Tensor]]], layout: Layout, out: str | Path,
@@ -97,7 +97,7 @@ def _checked_out(out: str | Path) -> Path:
 def load_pack(path: str | Path) -> Pack:
     from safetensors import safe_open
 
-    path = Path(path)
+    path = Path(path).expanduser()
     check_pack(path)
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -115,7 +115,7 @@ def check_pack(path: str | Path) -> None:
     ``unimodal train`` says so before anything loads."""
     from safetensors import safe_open
 
-    path = Path(path)
+    path = Path(path).expanduser()
     if not path.name.endswith(PACK_SUFFIX):
         raise DataError(f"{path} is not a pack (a file named *{PACK_SUFFIX}, from `unimodal data pack`)")
     if not path.is_file():

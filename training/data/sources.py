@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from unimodal.core.errors import InputError
@@ -12,8 +13,9 @@ from unimodal.core.errors import InputError
 
 def split_weight(entry: str) -> tuple[str, float]:
     """``NAME:W`` -> (NAME, W): a ``--data`` entry whose training split is drawn W times per epoch (W > 0; a
-    fraction draws a fixed share of it). A plain entry, or a path that holds a colon, weighs 1."""
-    entry = str(entry)
+    fraction draws a fixed share of it). A plain entry, or a path that holds a colon, weighs 1. A leading ``~`` is
+    expanded (the shell does so only at the start of a word, not after the comma of ``--data a,~/b``)."""
+    entry = os.path.expanduser(str(entry))
     name, sep, tail = entry.rpartition(":")
     if not sep or not name or Path(entry).exists():
         return entry, 1.0
