@@ -249,7 +249,8 @@ def test_a_weighted_pack_stores_each_sample_once_and_trains_on_the_weights(tiny_
         assert main(["data", "pack", "--data", data, "--codecs", str(tiny_codec_dir), "--out", str(out)]) == 0
     assert "train weights scenes x1, scenes x2.5" in capsys.readouterr().out
     pack = load_pack(heavy)
-    assert pack.meta["counts"]["train"] == 64 and pack.meta["counts"]["val"] == 8  # stored once each
+    # each entry's training samples stored once (weights applied on load); a folder named twice is validated once
+    assert pack.meta["counts"]["train"] == 64 and pack.meta["counts"]["val"] == 4 and pack.meta["counts"]["test"] == 4
     assert [(n, w) for _, n, w in pack.train_parts()] == [(32, 1.0), (32, 2.5)]
     assert len(pack.weighted_train()) == 32 + 80
     single = load_pack(plain)
@@ -264,10 +265,10 @@ def test_a_weighted_pack_stores_each_sample_once_and_trains_on_the_weights(tiny_
             return contextlib.nullcontext()
 
     run = load_run_data([str(heavy)], None, _cfg(), Accelerator(), progress=True)
-    assert len(run.train) == 112 and len(run.val) == 8
+    assert len(run.train) == 112 and len(run.val) == 4
     assert "data: scenes 32 x1 (29%), scenes 32 x2.5 (71%)" in capsys.readouterr().out
-    direct = load_run_data([f"{tiny_scenes}:3"], tiny_codec_dir, _cfg(), Accelerator(), progress=False)
-    assert len(direct.train) == 96 and len(direct.val) == 4 and direct.sources == [f"{tiny_scenes}:3"]
+    direct = load_run_data([f"{tiny_scenes}:3", str(tiny_scenes)], tiny_codec_dir, _cfg(), Accelerator(), progress=False)
+    assert len(direct.train) == 128 and len(direct.val) == 4 and direct.sources == [f"{tiny_scenes}:3", str(tiny_scenes)]
 
 
 def test_max_minutes_stops_cleanly_with_a_checkpoint_and_a_model(tiny_codec_dir, tiny_scenes, tmp_path, capsys):

@@ -158,7 +158,11 @@ def build_pack(data: list[str], codec_dir: str | Path, out: str | Path, max_audi
     splits: dict[str, list] = {}
     parts = []
     for split in PACK_SPLITS:
+        seen = set()
         for source, weight in weighted_sources:
+            if split != "train" and source in seen:  # a folder named twice is evaluated once
+                continue
+            seen.add(source)
             if _has_split(source, split):
                 tokens = tokenized_split(stack, codec_dir, source, split, progress)
                 splits.setdefault(split, []).extend(tokens)

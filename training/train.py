@@ -569,7 +569,8 @@ def load_run_data(data: list[str], codec_dir, cfg: TrainConfig, accelerator, pro
         show = progress and accelerator.is_main_process
         train_parts = [(source, _load_tokens(stack, codec_dir, [source], "train", show), weight)
                        for source, weight in sources]
-        val_tokens = _load_tokens(stack, codec_dir, data_dirs, "val", show)
+        # a folder named twice (or with a weight) is validated once: weights change what is trained on, not the yardstick
+        val_tokens = _load_tokens(stack, codec_dir, list(dict.fromkeys(data_dirs)), "val", show)
     if show:
         _print_shares([(str(source), len(tokens), weight) for source, tokens, weight in train_parts])
     train_tokens = [s for source, tokens, weight in train_parts for s in weighted(tokens, weight, cfg.seed, str(source))]
