@@ -239,10 +239,10 @@ def test_data_weights_draw_a_set_as_often_as_its_weight_says():
 
 
 def test_a_weighted_pack_stores_each_sample_once_and_trains_on_the_weights(tiny_codec_dir, tiny_scenes, tmp_path,
-                                                                          capsys):
+                                                                          capsys, monkeypatch):
     from unimodal.cli import main
     from unimodal.training.pack import load_pack
-    from unimodal.training.train import load_run_data
+    from unimodal.training.train import check_data, load_run_data
 
     plain, heavy = tmp_path / "plain.pack.safetensors", tmp_path / "heavy.pack.safetensors"
     for data, out in ((f"{tiny_scenes}", plain), (f"{tiny_scenes},{tiny_scenes}:2.5", heavy)):
@@ -255,6 +255,11 @@ def test_a_weighted_pack_stores_each_sample_once_and_trains_on_the_weights(tiny_
     assert len(pack.weighted_train()) == 32 + 80
     single = load_pack(plain)
     assert [id(s) for s in single.weighted_train()] == [id(s) for s in single.splits["train"]]
+    monkeypatch.setenv("HOME", str(tmp_path))  # a pack named from ~ is a pack, not a pack given a weight
+    check_data(["~/plain.pack.safetensors"])
+    assert load_pack("~/plain.pack.safetensors").meta["counts"] == single.meta["counts"]
+    with pytest.raises(InputError, match="weights are set when it is packed"):
+        check_data(["~/plain.pack.safetensors:2"])
 
     class Accelerator:  # what load_run_data asks of accelerate's
         is_main_process = True

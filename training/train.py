@@ -431,7 +431,8 @@ def check_data(names: list[str] | tuple[str, ...]) -> None:
     from unimodal.training.data.sources import split_weight
 
     for name in names:
-        if str(name) != split_weight(name)[0] and split_weight(name)[0].endswith(PACK_SUFFIX):
+        path, _ = split_weight(name)  # a weight was given when the entry is more than its (expanded) path
+        if path.endswith(PACK_SUFFIX) and path != os.path.expanduser(str(name)):
             raise InputError(f"--data {name}: a pack's weights are set when it is packed (`unimodal data pack "
                              f"--data scenes,digits:4`); give the pack alone, without a weight")
     if any(str(name).endswith(PACK_SUFFIX) for name in names):
