@@ -106,10 +106,10 @@ def data_batches(data: str, batch_size: int, grad_accum: int = 1, codec_dir=None
     for step ``step`` (default task mixture, seed 0). ``data``: data sets (``scenes,digits``, folders) encoded
     with ``codec_dir`` (default: the shipped codecs; the token cache makes a second call quick), or one pack."""
     from unimodal.core.paths import default_codecs_dir
-    from unimodal.training.data.sources import resolve_weighted, weighted
+    from unimodal.training.data.sources import resolve_weighted
     from unimodal.training.pack import is_pack, load_pack
     from unimodal.training.tokens import CodecStack
-    from unimodal.training.train import StepBatches, TrainConfig, _load_tokens
+    from unimodal.training.train import StepBatches, TrainConfig, weighted_train_tokens
 
     if is_pack(data):
         pack = load_pack(data)
@@ -118,8 +118,7 @@ def data_batches(data: str, batch_size: int, grad_accum: int = 1, codec_dir=None
         codec_dir = Path(codec_dir or default_codecs_dir())
         stack = CodecStack.load(codec_dir)
         layout = stack.layout
-        tokens = [s for source, weight in resolve_weighted([d for d in data.split(",") if d])
-                  for s in weighted(_load_tokens(stack, codec_dir, [source], "train", False), weight)]
+        tokens, _ = weighted_train_tokens(stack, codec_dir, resolve_weighted([d for d in data.split(",") if d]))
     cfg = TrainConfig(batch_size=batch_size, grad_accum=grad_accum)
     _, _, batches = StepBatches(layout, tokens, cfg, step, step + 1, rank=0, world=1).batches(step)
     return layout, batches

@@ -534,6 +534,18 @@ def _load_tokens(stack, codec_dir, data_dirs, split, progress):
     return tokens
 
 
+def weighted_train_tokens(stack, codec_dir, sources: list[tuple[Path, float]], seed: int = 0,
+                          progress: bool = False) -> tuple[list[dict], list[tuple[str, int, float]]]:
+    """The training split of ``sources`` ((folder, weight) pairs, :func:`resolve_weighted`), each drawn as often
+    as its weight says, and the (source, samples, weight) of each part."""
+    tokens, parts = [], []
+    for source, weight in sources:
+        split = _load_tokens(stack, codec_dir, [source], "train", progress)
+        tokens += weighted(split, weight, seed, str(source))
+        parts.append((str(source), len(split), weight))
+    return tokens, parts
+
+
 @dataclass
 class RunData:
     """What a run trains on: the layout, the training and validation ids, and the codecs when it has them."""
@@ -568,13 +580,11 @@ def load_run_data(data: list[str], codec_dir, cfg: TrainConfig, accelerator, pro
     data_dirs = [source for source, _ in sources]
     with accelerator.main_process_first():
         show = progress and accelerator.is_main_process
-        train_parts = [(source, _load_tokens(stack, codec_dir, [source], "train", show), weight)
-                       for source, weight in sources]
+        train_tokens, parts = weighted_train_tokens(stack, codec_dir, sources, cfg.seed, show)
         # a folder named twice (or with a weight) is validated once: weights change what is trained on, not the yardstick
         val_tokens = _load_tokens(stack, codec_dir, list(dict.fromkeys(data_dirs)), "val", show)
     if show:
-        _print_shares([(str(source), len(tokens), weight) for source, tokens, weight in train_parts])
-    train_tokens = [s for source, tokens, weight in train_parts for s in weighted(tokens, weight, cfg.seed, str(source))]
+        _print_shares(parts)
     return RunData(stack.layout, train_tokens, val_tokens, codec_dir,
                    [str(d) + (f":{w:g}" if w != 1 else "") for d, w in sources], datasets=dataset_names(data_dirs))
 

@@ -23,8 +23,9 @@ def _cmd_data_pack(args) -> int:
     path = build_pack([d for d in args.data.split(",") if d], args.codecs or default_codecs_dir(), args.out,
                       args.max_audio_seconds)
     pack = load_pack(path)
-    weights = "; train weights " + ", ".join(f"{Path(s).name} x{w:g}" for s, _, w in pack.train_parts()) \
-        if any(w != 1 for _, _, w in pack.train_parts()) else ""
+    parts = pack.train_parts()
+    weights = "; train weights " + ", ".join(f"{Path(s).name} x{w:g}" for s, _, w in parts) \
+        if any(w != 1 for _, _, w in parts) else ""
     print(f"{path} ({path.stat().st_size / 2**20:.1f} MiB): "
           + ", ".join(f"{k} {v}" for k, v in pack.meta["counts"].items()) + weights)
     return 0

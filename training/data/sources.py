@@ -47,7 +47,8 @@ def weighted(samples: list, weight: float, seed: int = 0, name: str = "") -> lis
 
 
 def data_kind(name: str) -> str:
-    """``embedded``, ``built`` (a folder with info.json) or ``manifest`` (a .jsonl file), else an InputError."""
+    """``embedded``, ``built`` (a folder with info.json) or ``manifest`` (a .jsonl file), else an InputError; a
+    ``--data`` entry's weight (``NAME:W``) is set aside first."""
     from unimodal.training.data.build import BUILDERS
 
     name = split_weight(name)[0]
@@ -76,7 +77,7 @@ def resolve_weighted(names: list[str] | tuple[str, ...]) -> list[tuple[Path, flo
     out = []
     for entry in names:
         name, weight = split_weight(entry)
-        if data_kind(name) == "embedded":
+        if data_kind(entry) == "embedded":  # data_kind sets the entry's weight aside itself
             path = data_dir(name, DEFAULT_N[name], 0)
             out.append((path if (path / "info.json").exists() else build(name, out=path), weight))
         else:
