@@ -7,6 +7,7 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import NoReturn
 
 from unimodal.core.errors import InputError
 
@@ -41,9 +42,27 @@ def weighted(samples: list, weight: float, seed: int = 0, name: str = "") -> lis
         keep = np.random.default_rng([seed, len(samples)]).permutation(len(samples))[:extra]
         out += [samples[i] for i in sorted(keep.tolist())]
     if samples and not out:
-        raise InputError(f"--data {name or 'entry'}:{weight:g} keeps none of its {len(samples)} training samples; "
-                         f"give a weight of at least {0.5 / len(samples):.2g}")
+        _keeps_none(name, weight, len(samples))
     return out
+
+
+def _keeps_none(name: str, weight: float, n: int) -> NoReturn:
+    raise InputError(f"--data {name or 'entry'}:{weight:g} keeps none of its {n} training samples; "
+                     f"give a weight of at least {0.5 / n:.2g}")
+
+
+def check_keeps_some(folder: Path, weight: float, name: str = "") -> None:
+    """Refuse, before any sample is read or encoded, a weight that keeps none of a built folder's training
+    samples (its info.json counts them; :func:`weighted` checks the samples themselves for other sources)."""
+    info = Path(folder) / "info.json"
+    if weight >= 1 or not info.is_file():
+        return
+    try:
+        n = int(json.loads(info.read_text()).get("splits", {}).get("train", 0))
+    except (ValueError, TypeError, AttributeError):
+        return  # an unreadable info.json is the data check's to report
+    if n and not round((weight % 1.0) * n):
+        _keeps_none(name or str(folder), weight, n)
 
 
 def data_kind(name: str) -> str:
@@ -82,6 +101,7 @@ def resolve_weighted(names: list[str] | tuple[str, ...]) -> list[tuple[Path, flo
             out.append((path if (path / "info.json").exists() else build(name, out=path), weight))
         else:
             out.append((Path(name), weight))
+        check_keeps_some(out[-1][0], weight, name)
     return out
 
 
