@@ -55,6 +55,26 @@ def test_generate_candidates_keeps_the_best_read_back(model_dir, tmp_path, capsy
     assert code == 2 and "accept_confidence must be a number <= 0" in err and not (tmp_path / "y.png").exists()
 
 
+def test_generate_refine_refines_the_output_against_its_input(model_dir, tmp_path, capsys):
+    """--refine N: the caption of a picture file, then N rounds of refine against it (the summary says what ran
+    and counts its passes); bad rounds refused before the model loads, nothing written."""
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(tmp_path / "photo.png")
+    flags = ("generate", "--model", model_dir, "--image", tmp_path / "photo.png", "--to", "text", "--steps", "2",
+             "--json", "--quiet")
+    code, out, err = run(capsys, *flags)
+    assert code == 0, err
+    plain = json.loads(out)
+    code, out, err = run(capsys, *flags, "--refine", "2", "--out", tmp_path / "caption.txt")
+    assert code == 0, err
+    refined = json.loads(out)
+    assert refined["settings"]["refine"]["critic"] == "confidence"
+    assert refined["forward_passes"] == plain["forward_passes"] + refined["settings"]["refine"]["forward_passes"]
+    assert (tmp_path / "caption.txt").read_text().strip() == refined["text"].strip()
+    code, _, err = run(capsys, "generate", "--model", model_dir, "--text", "a red circle", "--refine", "-1",
+                       "--out", tmp_path / "z.png")
+    assert code == 2 and "refine must be a whole number of rounds from 0" in err and not (tmp_path / "z.png").exists()
+
+
 def test_generate_json_from_files_and_to_several_outputs(model_dir, tmp_path, capsys):
     Image.new("RGB", (64, 64), (200, 30, 30)).save(tmp_path / "photo.png")
     code, out, _ = run(capsys, "generate", "--model", model_dir, "--image", tmp_path / "photo.png", "--to", "text",

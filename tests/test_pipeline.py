@@ -409,6 +409,30 @@ def test_candidates_keep_the_draw_that_agrees_best_with_the_input(pipe):
             pipe.generate(text="a red circle", to="image", candidates=bad)
 
 
+def test_generate_refine_is_refine_of_the_output_against_its_inputs(pipe, tmp_path):
+    """refine=N: the output, then N rounds of refine against the inputs with refine's own defaults (a caption read
+    from a picture gets the caption recipe), exactly what calling refine on it gives; its passes counted and what
+    ran recorded. Bad rounds are refused before any sampling."""
+    grey = np.full((64, 64, 3), 90, np.uint8)
+    plain = pipe.generate(image=grey, to="text", seed=1, max_text_tokens=10, **FAST)
+    refined = pipe.generate(image=grey, to="text", seed=1, max_text_tokens=10, refine=2, **FAST)
+    expected, trace = pipe.refine(plain, image=grey, rounds=2, seed=1)
+    assert trace["caption_recipe"] and trace["evaluator"] == "agreement"
+    assert refined.token_ids == expected.token_ids and refined.text == expected.text
+    assert refined.settings["refine"] == {k: trace[k] for k in ("critic", "forward_passes", "stopped")}
+    assert refined.forward_passes == plain.forward_passes + trace["forward_passes"] > plain.forward_passes
+    Image.fromarray(grey).save(tmp_path / "grey.png")  # a file input is read back by refine as generate read it
+    from_file = pipe.generate(image=str(tmp_path / "grey.png"), to="text", seed=1, max_text_tokens=10, refine=2,
+                              **FAST)
+    assert from_file.token_ids == refined.token_ids
+    picture = pipe.generate(text="a red circle", to="image", seed=3, refine=1, **FAST)
+    assert picture.settings["refine"]["critic"] == "confidence"
+    assert pipe.generate(text="a red circle", to="image", seed=3, refine=0, **FAST).settings.get("refine") is None
+    for bad in (-1, 33, True, 1.5, "2"):
+        with pytest.raises(SettingError, match="refine must be a whole number of rounds from 0"):
+            pipe.generate(text="a red circle", to="image", refine=bad, **FAST)
+
+
 def test_accept_confidence_keeps_a_sure_first_draw_and_draws_the_rest_otherwise(pipe):
     """accept_confidence: the first draw alone when its confidence score reaches the bar (its passes and the 4 of
     the score counted), else all N drawn and the best by agreement kept, exactly as without it."""

@@ -36,9 +36,10 @@ INPUT_KEYS = MODALITIES
 PLANS = ("text", "text-only", "none")  # UniModal.generate's ``plan``
 SETTING_KEYS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "seed", "max_text_tokens",
                 "max_audio_seconds", "schedule", "block_length", "block_mode", "choice_temperature", "candidates",
-                "accept_confidence", "plan")
+                "accept_confidence", "plan", "refine")
 GENERATE_KEYS = INPUT_KEYS + ("to", "out") + SETTING_KEYS
 MAX_CANDIDATES = 64  # draws of one request kept to the best: more is a batch job, not a request
+MAX_REFINE_ROUNDS = 32  # refine rounds after a generate request (each is a regeneration: more is a benchmark)
 # Reading the first pixels of an image bigger than this is already slow; nothing this model reads is near it.
 MAX_IMAGE_PIXELS = 64_000_000
 
@@ -200,6 +201,15 @@ def check_candidates(value) -> int:
     return value
 
 
+def check_refine_rounds(value) -> int:
+    """``refine`` of a generate request: rounds of :meth:`UniModal.refine` on what was generated, 0 (none) ..
+    :data:`MAX_REFINE_ROUNDS`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_REFINE_ROUNDS:
+        raise SettingError(f"refine must be a whole number of rounds from 0 (none) to {MAX_REFINE_ROUNDS}, "
+                           f"got {value!r}")
+    return value
+
+
 def check_draws_differ(candidates: int, differ: bool) -> None:
     """Refuse ``candidates`` > 1 when draws cannot ``differ`` (the sampler's ``random``: every seed gives the same
     tokens)."""
@@ -258,6 +268,7 @@ _SETTING_CHECKS = {
     "block_length": lambda v: _int_setting("block_length", v, 1),
     "max_text_tokens": lambda v: _int_setting("max_text_tokens", v, 1),
     "candidates": check_candidates,
+    "refine": check_refine_rounds,
     "accept_confidence": check_accept_confidence,
     "seed": lambda v: check_seed(v, error=SettingError),
     "mode": lambda v: _choice_setting("mode", v, MODES),

@@ -48,6 +48,7 @@ from unimodal.tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
 from unimodal.tokenizers_mm.text import TextCodec
 from unimodal.tokenizers_mm.vocoder import MelVocoder
 from unimodal.checks import (check_accept_confidence, check_candidates, check_plan, check_draws_differ,
+                             check_refine_rounds,
                              check_model_folder, check_not_both, check_to)
 from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
@@ -209,7 +210,7 @@ class UniModal(DiffusionPipeline):
                  cfg: float | Mapping[str, float] | None = None, seed: int | None = 0,
                  max_text_tokens: int | None = None, max_audio_seconds: float | None = None,
                  progress: bool = False, candidates: int = 1, plan: str = PLAN_DEFAULT,
-                 accept_confidence: float | None = None, **settings) -> GenerationResult:
+                 accept_confidence: float | None = None, refine: int = 0, **settings) -> GenerationResult:
         """Generate ``to`` (a modality, a list, or ``"image,audio"``) from the inputs given (none: unconditional).
 
         Inputs: ``text`` a string; ``image`` a PIL image, uint8 array or file path (resized to the codec's
@@ -254,7 +255,32 @@ class UniModal(DiffusionPipeline):
         (docs/results.md, "Reading pictures").
         ``result.settings["candidates"]`` then also holds ``confidence`` and ``accept_confidence``; a first draw kept
         alone has ``drawn`` 1, ``seeds`` ``[seed]`` and no ``agreement`` (nothing was compared).
+
+        ``refine`` > 0: then :meth:`refine` the output against the inputs for that many rounds with its defaults
+        (the critic flags what to redo; a caption read from a picture or speech gets its own recipe, words it is
+        unsure of redrawn at temperature 1 and a round kept only when the input reads back better: reading test
+        pictures went 0.810 -> 0.925 with 3 rounds at ~2x the passes, docs/critique.md). ``forward_passes`` counts
+        the rounds too; ``result.settings["refine"]`` says what ran (critic, passes, why it stopped).
         """
+        check_refine_rounds(refine)
+        if refine and self.autoregressive:
+            raise SettingError("refine > 0 re-masks and regenerates with the masked-diffusion model; the "
+                               "autoregressive twin has no such step (use refine=0)")
+        result = self._generate_once(text, image, audio, to, steps, mode, tau, temperature, top_k, top_p, cfg, seed,
+                                     max_text_tokens, max_audio_seconds, progress, candidates, plan,
+                                     accept_confidence, settings)
+        if not refine:
+            return result
+        inputs = {k: v for k, v in (("text", text), ("image", image), ("audio", audio)) if v is not None}
+        sampling = {k: v for k, v in dict(mode=mode, tau=tau, temperature=temperature, top_k=top_k, top_p=top_p,
+                                          **settings).items() if v is not None}  # the regenerations' settings
+        refined, _ = self.refine(result, **inputs, rounds=refine, cfg=cfg, seed=result.settings.get("seed") or 0,
+                                 **sampling)
+        return refined
+
+    def _generate_once(self, text, image, audio, to, steps, mode, tau, temperature, top_k, top_p, cfg, seed,
+                       max_text_tokens, max_audio_seconds, progress, candidates, plan, accept_confidence,
+                       settings) -> GenerationResult:
         request = dict(text=text, image=image, audio=audio, to=to, max_text_tokens=max_text_tokens,
                        max_audio_seconds=max_audio_seconds)
         sampling = dict(steps=steps, mode=mode, tau=tau, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
