@@ -721,6 +721,9 @@ def test_bench_refine_direction_judges_captions_by_the_grammar():
     (["--corrupt", "0.2", "--mistakes", "0.5"], "give one"),
     (["--temperature", "-1"], "--temperature must be >= 0"),
     (["--seed", "-3"], "--seed"),
+    (["--reread", "2"], "--reread re-reads repaired captions"),
+    (["--reread", "2", "--corrupt", "0.25"], "--reread re-reads repaired captions"),  # pictures: no caption
+    (["--reread", "-1", "--corrupt", "0.25", "--modality", "text"], "--reread re-reads repaired captions"),
 ])
 def test_bench_refine_refuses_bad_numbers_before_the_model_loads(tmp_path, capsys, flags, message):
     """No model exists at --model: each refusal comes before the model (or any case) is loaded."""
@@ -762,3 +765,14 @@ def test_bench_refine_repair_mode_and_auroc(tiny_codec_dir, tmp_path, capsys):
     assert report["modality"] == "text" and 0 <= report["critics"]["confidence"]["auroc"] <= 1
     # corrupted captions are given as tokens, not written by the model: the critic's own default
     assert report["critics"]["confidence"]["threshold"] == CONFIDENCE_THRESHOLDS["text"]
+    assert report["reread"] == 0 and report["critics"]["confidence"]["accuracy_repaired"] is None
+    code, out, err = run(capsys, "bench", "refine", "--model", model, "--n", "2", "--rounds", "1", "--corrupt",
+                         "0.25", "--modality", "text", "--critics", "confidence", "--reread", "2",
+                         "--out", tmp_path / "reread")
+    assert code == 0, err
+    again = json.loads((tmp_path / "reread" / "bench_refine.json").read_text())
+    row = again["critics"]["confidence"]
+    assert again["reread"] == 2 and 0 <= row["accuracy_repaired"] <= 1 and 0 <= row["accuracy_refined"] <= 1
+    # the same first call (same seeds), then more rounds: at least its passes
+    assert row["forward_passes"] >= report["critics"]["confidence"]["forward_passes"] > 0
+    assert "then re-read 2 rounds as the model's own caption" in out

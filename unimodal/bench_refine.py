@@ -273,23 +273,28 @@ def _stack(token_lists):
 
 def bench_repair(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confidence", "random"), fraction: float = 0.25,
                  rounds: int = 3, seed: int = 0, groups: int = 4, judges: Judges | None = None, progress=print,
-                 options: dict | None = None, modality: str = "image") -> dict:
+                 options: dict | None = None, modality: str = "image", reread: int = 0) -> dict:
     """Real test data with ``fraction`` of one modality's tokens corrupted (pictures by default, or captions,
     or speech): judged accuracy of the codec's own round trip, of the corrupted data, and after refine per
     critic; each critic's AUROC at telling the corrupted tokens from the others and the precision of the
-    tokens it scores lowest."""
+    tokens it scores lowest. ``reread`` > 0 (captions only): each repaired caption is then refined that many
+    rounds more as the model's own reading of the picture (``model_caption=True``: the caption recipe), and
+    judged after both (``accuracy_repaired`` is the first call's)."""
     if modality not in REPAIR_MODALITIES:
         raise InputError(f"the repair modality must be one of {REPAIR_MODALITIES}, got {modality!r}")
+    if isinstance(reread, bool) or not isinstance(reread, int) or reread < 0 or (reread and modality != "text"):
+        raise InputError(f"reread re-reads repaired captions against their picture: a whole number >= 0 with "
+                         f"modality 'text', got {reread!r} with {modality!r}")
     kind = _RepairKind(pipe, modality, judges or Judges())
     truth = kind.truth(cases)
     corrupt, wrong = _corrupted(truth, pipe.layout.codebook_size(modality), fraction, seed)
     options = dict(options or {})
     report = {"n": len(cases), "modality": modality, "corrupted_fraction": fraction, "rounds": rounds, "seed": seed,
-              "options": options, "accuracy_reconstructed": float(np.mean(kind.verdicts(cases, truth))),
+              "options": options, "reread": reread, "accuracy_reconstructed": float(np.mean(kind.verdicts(cases, truth))),
               "accuracy_corrupted": float(np.mean(kind.verdicts(cases, corrupt))), "critics": {}}
     for critic in critics:
         report["critics"][critic] = _repaired(pipe, kind, cases, truth, corrupt, wrong, critic, rounds, seed, groups,
-                                              options)
+                                              options, reread)
         progress(f"done: repair {critic}")
     return report
 
@@ -319,10 +324,11 @@ def _oracle(modality: str, truth):
 REAL_QUANTILES = (0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 
 
-def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rounds, seed, groups, options) -> dict:
+def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rounds, seed, groups, options,
+              reread: int = 0) -> dict:
     import torch
 
-    repaired, scores, real = [], [], []
+    repaired, scores, real, first, passes = [], [], [], [], []
     for i, case in enumerate(cases):
         result, condition = kind.result(corrupt[i]), kind.condition(case)
         scorer = _oracle(kind.modality, truth[i]) if critic == ORACLE else critic
@@ -331,8 +337,14 @@ def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rou
         scores.append(np.array(report.scores[kind.modality]))
         real.append(np.array(pipe.critique(kind.result(truth[i]), **condition, critic=scorer, groups=groups,
                                            seed=seed + i).scores[kind.modality]))
-        fixed, _ = pipe.refine(result, **condition, rounds=rounds, critic=scorer, groups=groups, seed=seed + i,
-                               **options)
+        fixed, trace = pipe.refine(result, **condition, rounds=rounds, critic=scorer, groups=groups, seed=seed + i,
+                                   **options)
+        passes.append(trace["forward_passes"])
+        if reread:  # the repaired caption, read again as the model's own reading of the picture
+            first.append(torch.tensor(fixed.token_ids[kind.modality]))
+            fixed, trace = pipe.refine(fixed, **condition, rounds=reread, critic=scorer, groups=groups,
+                                       seed=seed + i, model_caption=True)
+            passes[-1] += trace["forward_passes"]
         repaired.append(torch.tensor(fixed.token_ids[kind.modality]))
     lowest = [np.argsort(s, kind="stable")[:max(1, round(len(s) * 0.1))] for s in scores]
     flags = np.concatenate([w.numpy() for w in wrong])
@@ -346,6 +358,8 @@ def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rou
             "auroc": auroc(np.concatenate(scores), flags),
             "precision_lowest_10pct": float(np.mean(np.concatenate([w.numpy()[k] for w, k in zip(wrong, lowest)]))),
             "accuracy_refined": float(np.mean(kind.verdicts(cases, repaired))),
+            "accuracy_repaired": float(np.mean(kind.verdicts(cases, first))) if reread else None,
+            "forward_passes": float(np.mean(passes)),
             "codes_restored": restored / max(int(flags.sum()), 1),
             "codes_broken": broken / max(int((~flags).sum()), 1)}
 
@@ -475,6 +489,13 @@ def format_repair(report: dict) -> str:
     for critic, row in report["critics"].items():
         quantiles = ", ".join(f"{float(q):.0%}: {v:.4g}" for q, v in row["real_score_quantiles"].items())
         lines.append(f"{critic} scores of the real tokens, quantiles {quantiles}")
+    for critic, row in report["critics"].items():
+        if row.get("accuracy_repaired") is not None:
+            lines.append(f"{critic}: repaired {row['accuracy_repaired']:.3f}, then re-read {report['reread']} rounds "
+                         f"as the model's own caption (the caption recipe) {row['accuracy_refined']:.3f}; "
+                         f"{row['forward_passes']:.1f} forward passes a case in all")
+        elif row.get("forward_passes") is not None:
+            lines.append(f"{critic}: {row['forward_passes']:.1f} refine forward passes a case")
     lines.append(f"n={report['n']} real test cases, {report.get('modality', 'image')} corrupted, {report['rounds']} "
                  f"refine rounds, seed {report['seed']}, "
                  f"refine options {report.get('options') or {}}; "

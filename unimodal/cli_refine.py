@@ -158,7 +158,7 @@ def _cmd_bench_refine(args) -> int:
         table = format_mistakes(report)
     elif args.corrupt is not None:
         report = bench_repair(pipe, cases, critics, args.corrupt, args.rounds, args.seed, progress=progress,
-                              options=_refine_options(args), modality=args.modality)
+                              options=_refine_options(args), modality=args.modality, reread=args.reread)
         table = format_repair(report)
     else:
         report = bench_refine(pipe, cases, critics, args.rounds, args.best_of, args.seed, batch_size=args.batch_size,
@@ -197,6 +197,10 @@ def _check_bench_refine_args(args) -> Path:
     if args.direction != "text->image" and (args.corrupt is not None or args.mistakes is not None):
         raise InputError("--direction chooses what the generation bench makes; --corrupt and --mistakes take "
                          "real data of one --modality instead")
+    if args.reread and not (args.reread > 0 and args.corrupt is not None and args.modality == "text"):
+        raise InputError(f"--reread re-reads repaired captions: a number of rounds >= 0 with --corrupt and "
+                         f"--modality text, got --reread {args.reread} with "
+                         f"{'--corrupt' if args.corrupt is not None else 'no --corrupt'} --modality {args.modality}")
     check_seed(args.seed, "--seed")
     options = {k: v for k, v in _refine_options(args).items() if k != "temperature"}
     try:  # the refine loop's own check (rounds, fraction, threshold, patience), named as flags
@@ -396,6 +400,9 @@ def add_bench_refine_command(bench) -> None:
                      "(the learned critic against the confidence score: --critics confidence,learned,random)")
     sub.add_argument("--modality", default="image", choices=["image", "text", "audio"],
                      help="--corrupt / --mistakes: whose tokens (image codes, caption tokens, speech codes)")
+    sub.add_argument("--reread", type=int, default=0, metavar="ROUNDS",
+                     help="--corrupt --modality text: then refine each repaired caption this many rounds more as the "
+                          "model's own reading of the picture (the caption recipe; default 0)")
     sub.add_argument("--out", default="bench-refine", help="folder for bench_refine.json")
     sub.set_defaults(func=_cmd_bench_refine)
 
