@@ -324,12 +324,19 @@ def _oracle(modality: str, truth):
 REAL_QUANTILES = (0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 
 
+def _bar(items, desc: str, show: bool = True):
+    """A progress bar over a bench's cases on stderr (each case is several model calls)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, unit="case", disable=not show, leave=False)
+
+
 def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rounds, seed, groups, options,
               reread: int = 0) -> dict:
     import torch
 
     repaired, scores, real, first, passes = [], [], [], [], []
-    for i, case in enumerate(cases):
+    for i, case in enumerate(_bar(cases, f"repair {kind.modality} ({critic if isinstance(critic, str) else 'critic'})")):
         result, condition = kind.result(corrupt[i]), kind.condition(case)
         scorer = _oracle(kind.modality, truth[i]) if critic == ORACLE else critic
         report = pipe.critique(result, **condition, critic=scorer, groups=groups, seed=seed + i,
@@ -392,7 +399,8 @@ def bench_mistakes(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confid
     scores = {c: [] for c in critics}
     wrong, far, distances = [], [], []
     labels = _decoded_labels(pipe, modality)
-    for i, (case, truth) in enumerate(zip(cases, kind.truth(cases))):
+    for i, (case, truth) in enumerate(_bar(list(zip(cases, kind.truth(cases))), f"{modality} mistakes",
+                                           progress is not None)):
         generator = torch.Generator().manual_seed(seed + i)
         chosen = torch.zeros(len(truth), dtype=torch.bool)
         chosen[torch.randperm(len(truth), generator=generator)[:max(1, round(len(truth) * fraction))]] = True
