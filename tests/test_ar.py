@@ -15,7 +15,7 @@ from unimodal.training.objective import next_token_accuracy, next_token_loss
 from unimodal.training.tasks import Task, build_example, collate_examples
 from unimodal.training.tokens import CodecStack
 from unimodal.training.train import TrainConfig, ar_step_loss, train
-from unimodal.core.errors import InputError
+from unimodal.core.errors import InputError, SettingError
 
 
 def _causal_tiny(vocab_size: int) -> DiT:
@@ -138,6 +138,8 @@ def test_train_objective_ar_writes_a_twin_the_pipeline_decodes(tiny_codec_dir, t
     assert result.image.size == (64, 64) and result.forward_passes == 64
     assert pipe.generate(text="a small red circle", to="image", seed=0).token_ids == \
         pipe.generate(text="a small red circle", to="image", seed=0).token_ids
+    with pytest.raises(SettingError, match="refine > 0 re-masks and regenerates with the masked-diffusion model"):
+        pipe.generate(text="a small red circle", to="image", refine=1)  # refused before anything is sampled
     with pytest.raises(InputError, match="train_subset"):
         TrainConfig(train_subset=0)
 
