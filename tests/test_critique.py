@@ -773,6 +773,9 @@ def test_bench_refine_repair_mode_and_auroc(tiny_codec_dir, tmp_path, capsys):
     again = json.loads((tmp_path / "reread" / "bench_refine.json").read_text())
     row = again["critics"]["confidence"]
     assert again["reread"] == 2 and 0 <= row["accuracy_repaired"] <= 1 and 0 <= row["accuracy_refined"] <= 1
+    # the repair's own code counts beside those after both calls; the repair is the first run's, same seeds
+    assert row["codes_restored_repaired"] == report["critics"]["confidence"]["codes_restored"]
+    assert row["codes_broken_repaired"] == report["critics"]["confidence"]["codes_broken"]
     # the same first call (same seeds), then more rounds: at least its passes
     assert row["forward_passes"] >= report["critics"]["confidence"]["forward_passes"] > 0
     assert "then re-read 2 rounds as the model's own caption" in out

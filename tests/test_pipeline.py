@@ -431,6 +431,24 @@ def test_generate_refine_is_refine_of_the_output_against_its_inputs(pipe, tmp_pa
     for bad in (-1, 33, True, 1.5, "2"):
         with pytest.raises(SettingError, match="refine must be a whole number of rounds from 0"):
             pipe.generate(text="a red circle", to="image", refine=bad, **FAST)
+    from unimodal.core.seeds import SEED_LIMIT
+
+    calls = []
+    real = pipe._generate_once
+    pipe._generate_once = lambda *a: calls.append(1) or real(*a)  # nothing sampled before the refusal
+    try:
+        with pytest.raises(SettingError, match="seed .* leaves no room for 3 refine rounds"):
+            pipe.generate(text="a red circle", to="image", seed=SEED_LIMIT - 2, refine=3, **FAST)
+    finally:
+        del pipe._generate_once
+    assert not calls
+    with pytest.raises(InputError, match="seed must leave room for its rounds"):  # refine itself, before any work
+        pipe.refine(picture, text="a red circle", rounds=3, seed=SEED_LIMIT - 2)
+    # keeps the caption recipe whatever drew the caption: the sampling settings given are not refine's
+    warm = pipe.generate(image=grey, to="text", seed=1, max_text_tokens=10, temperature=0.5, refine=1, **FAST)
+    _, trace = pipe.refine(pipe.generate(image=grey, to="text", seed=1, max_text_tokens=10, temperature=0.5, **FAST),
+                           image=grey, rounds=1, seed=1)
+    assert trace["regen_temperature"] == 1.0 and warm.settings["refine"]["forward_passes"] == trace["forward_passes"]
 
 
 def test_accept_confidence_keeps_a_sure_first_draw_and_draws_the_rest_otherwise(pipe):

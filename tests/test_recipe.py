@@ -236,6 +236,12 @@ def test_data_weights_draw_a_set_as_often_as_its_weight_says():
     assert all(s is samples[s["i"]] for s in half)  # references, not copies
     with pytest.raises(InputError, match="keeps none"):
         weighted(samples, 0.01, name="x")
+    for n in (3, 7, 64, 100, 1000):  # the weight the refusal suggests keeps a sample
+        many = list(range(n))
+        with pytest.raises(InputError, match="at least") as refused:
+            weighted(many, 0.4 / n)
+        suggested = float(str(refused.value).rsplit("at least ", 1)[1])
+        assert len(weighted(many, suggested)) >= 1
 
 
 def test_a_weighted_pack_stores_each_sample_once_and_trains_on_the_weights(tiny_codec_dir, tiny_scenes, tmp_path,

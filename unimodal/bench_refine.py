@@ -355,8 +355,6 @@ def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rou
         repaired.append(torch.tensor(fixed.token_ids[kind.modality]))
     lowest = [np.argsort(s, kind="stable")[:max(1, round(len(s) * 0.1))] for s in scores]
     flags = np.concatenate([w.numpy() for w in wrong])
-    restored = sum(int(((r[:len(t)] == t[:len(r)]) & w[:len(r)]).sum()) for r, t, w in zip(repaired, truth, wrong))
-    broken = sum(_broken(r, t, w) for r, t, w in zip(repaired, truth, wrong))
     threshold = report.thresholds[kind.modality]  # what refine flagged below, as the critique resolved it
     real = np.concatenate(real)
     return {"threshold": threshold, "real_flagged": float((real < threshold).mean()),
@@ -366,9 +364,23 @@ def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rou
             "precision_lowest_10pct": float(np.mean(np.concatenate([w.numpy()[k] for w, k in zip(wrong, lowest)]))),
             "accuracy_refined": float(np.mean(kind.verdicts(cases, repaired))),
             "accuracy_repaired": float(np.mean(kind.verdicts(cases, first))) if reread else None,
+            # with reread, restored / broken are counted after both calls; these are the repair's alone
+            "codes_restored_repaired": _restored(first, truth, wrong, flags) if reread else None,
+            "codes_broken_repaired": _broken_share(first, truth, wrong, flags) if reread else None,
             "forward_passes": float(np.mean(passes)),
-            "codes_restored": restored / max(int(flags.sum()), 1),
-            "codes_broken": broken / max(int((~flags).sum()), 1)}
+            "codes_restored": _restored(repaired, truth, wrong, flags),
+            "codes_broken": _broken_share(repaired, truth, wrong, flags)}
+
+
+def _restored(repaired, truth, wrong, flags) -> float:
+    """The share of the corrupted tokens back as the real ones."""
+    restored = sum(int(((r[:len(t)] == t[:len(r)]) & w[:len(r)]).sum()) for r, t, w in zip(repaired, truth, wrong))
+    return restored / max(int(flags.sum()), 1)
+
+
+def _broken_share(repaired, truth, wrong, flags) -> float:
+    """The share of the real (uncorrupted) tokens changed."""
+    return sum(_broken(r, t, w) for r, t, w in zip(repaired, truth, wrong)) / max(int((~flags).sum()), 1)
 
 
 def bench_mistakes(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confidence", "random"),

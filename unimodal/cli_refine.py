@@ -402,7 +402,8 @@ def add_bench_refine_command(bench) -> None:
                      help="--corrupt / --mistakes: whose tokens (image codes, caption tokens, speech codes)")
     sub.add_argument("--reread", type=int, default=0, metavar="ROUNDS",
                      help="--corrupt --modality text: then refine each repaired caption this many rounds more as the "
-                          "model's own reading of the picture (the caption recipe; default 0)")
+                          "model's own reading of the picture, with the caption recipe's own settings (--temperature, "
+                          "--threshold, ... set the first call only; default 0)")
     sub.add_argument("--out", default="bench-refine", help="folder for bench_refine.json")
     sub.set_defaults(func=_cmd_bench_refine)
 

@@ -54,7 +54,7 @@ from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelF
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
 from unimodal.core.paths import SCHEDULER_DIR, resolve_model_dir
 from unimodal.core.grammar import unknown_words
-from unimodal.core.seeds import check_seed, fresh_seed
+from unimodal.core.seeds import SEED_LIMIT, check_seed, fresh_seed
 from unimodal.inputs import as_audio, as_image, as_text
 from unimodal.core.int8 import load_pretrained
 from unimodal.results import GenerationResult
@@ -256,26 +256,29 @@ class UniModal(DiffusionPipeline):
         ``result.settings["candidates"]`` then also holds ``confidence`` and ``accept_confidence``; a first draw kept
         alone has ``drawn`` 1, ``seeds`` ``[seed]`` and no ``agreement`` (nothing was compared).
 
-        ``refine`` > 0: then :meth:`refine` the output against the inputs for that many rounds with its defaults
-        (the critic flags what to redo; a caption read from a picture or speech gets its own recipe, words it is
-        unsure of redrawn at temperature 1 and a round kept only when the input reads back better: reading test
-        pictures went 0.810 -> 0.925 with 3 rounds at ~2x the passes, docs/critique.md). ``forward_passes`` counts
-        the rounds too; ``result.settings["refine"]`` says what ran (critic, passes, why it stopped).
+        ``refine`` > 0: then :meth:`refine` the output against the inputs for that many rounds with refine's own
+        defaults, not the sampling settings given here (call :meth:`refine` to set those). The critic flags what to
+        redo; a caption read from a picture or speech gets its own recipe, words it is unsure of redrawn at
+        temperature 1 and a round kept only when the input reads back better (reading test pictures went 0.810 ->
+        0.925 with 3 rounds at ~2x the passes, docs/critique.md). ``forward_passes`` counts the rounds too;
+        ``result.settings["refine"]`` says what ran (critic, passes, why it stopped).
         """
         check_refine_rounds(refine)
         if refine and self.autoregressive:
             raise SettingError("refine > 0 re-masks and regenerates with the masked-diffusion model; the "
                                "autoregressive twin has no such step (use refine=0)")
+        if refine and isinstance(seed, int) and not isinstance(seed, bool) and seed + refine > SEED_LIMIT:
+            raise SettingError(f"seed {seed} leaves no room for {refine} refine rounds (round r regenerates with "
+                               f"seed + r, below 2**62); give a seed below {SEED_LIMIT - refine + 1}")
         result = self._generate_once(text, image, audio, to, steps, mode, tau, temperature, top_k, top_p, cfg, seed,
                                      max_text_tokens, max_audio_seconds, progress, candidates, plan,
                                      accept_confidence, settings)
         if not refine:
             return result
         inputs = {k: v for k, v in (("text", text), ("image", image), ("audio", audio)) if v is not None}
-        sampling = {k: v for k, v in dict(mode=mode, tau=tau, temperature=temperature, top_k=top_k, top_p=top_p,
-                                          **settings).items() if v is not None}  # the regenerations' settings
-        refined, _ = self.refine(result, **inputs, rounds=refine, cfg=cfg, seed=result.settings.get("seed") or 0,
-                                 **sampling)
+        # refine's own defaults, not the sampling settings above: those drew the output (a caption's temperature
+        # > 0 for candidates, say), and the caption recipe's temperature 1 applies only where none is given
+        refined, _ = self.refine(result, **inputs, rounds=refine, seed=result.settings.get("seed") or 0)
         return refined
 
     def _generate_once(self, text, image, audio, to, steps, mode, tau, temperature, top_k, top_p, cfg, seed,

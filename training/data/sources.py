@@ -48,7 +48,7 @@ def weighted(samples: list, weight: float, seed: int = 0, name: str = "") -> lis
 
 def _keeps_none(name: str, weight: float, n: int) -> NoReturn:
     raise InputError(f"--data {name or 'entry'}:{weight:g} keeps none of its {n} training samples; "
-                     f"give a weight of at least {0.5 / n:.2g}")
+                     f"give a weight of at least {1 / n:.2g}")
 
 
 def check_keeps_some(folder: Path, weight: float, name: str = "") -> None:
