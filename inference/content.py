@@ -40,14 +40,17 @@ class ContentCritic:
     """``critic="content"`` bound to the codecs' VQ models (``decode_indices``); ``image_model`` /
     ``audio_model`` None scores that modality by confidence."""
 
-    name = "content"
-
     def __init__(self, image_model=None, audio_model=None, top_k: int = DEFAULT_TOP_K, min_p: float = DEFAULT_MIN_P,
-                 image_threshold: float = IMAGE_THRESHOLD, audio_threshold: float = AUDIO_THRESHOLD):
+                 image_threshold: float = IMAGE_THRESHOLD, audio_threshold: float = AUDIO_THRESHOLD,
+                 with_head: bool = False):
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1 or not 0 <= min_p < 1:
             raise InputError(f"the content critic needs top_k an int >= 1 and min_p in [0, 1), got {top_k!r} and "
                              f"{min_p!r}")
         self.image_model, self.audio_model, self.top_k, self.min_p = image_model, audio_model, top_k, min_p
+        # ``critic="content+learned"``: each picture and speech code's content score times the learned head's (a
+        # code counts as right when both say so; one more model call); captions keep the content (confidence) score
+        self.with_head = bool(with_head)
+        self.name = "content+learned" if self.with_head else "content"
         self.thresholds = {"image": image_threshold, "audio": audio_threshold}
         self._image_alike = None  # (K, K) bool, decoded on first use
 

@@ -36,7 +36,7 @@ from unimodal.tokenizers_mm.layout import MASK, MODALITIES, Layout, Packed, Segm
 from unimodal.inference.content import ContentCritic
 from unimodal.core.errors import InputError
 
-CRITICS = ("learned", "confidence", "content", "random")
+CRITICS = ("learned", "confidence", "content", "content+learned", "random")
 DEFAULT_GROUPS = 4  # re-masking a quarter at a time keeps 3/4 of the context for each scored token
 DEFAULT_FRACTION = 0.25  # at most this share of a modality's tokens is flagged per critique
 DEFAULT_THRESHOLD = 0.5  # and only tokens scored below this: a confident critic flags nothing
@@ -186,6 +186,17 @@ def content_scores(model, layout: Layout, draft: Draft, critic, groups: int = DE
     return scores, groups
 
 
+def content_with_head_scores(model, layout: Layout, draft: Draft, critic, groups: int = DEFAULT_GROUPS,
+                             cfg=None) -> tuple[dict[str, torch.Tensor], int]:
+    """``critic="content+learned"``: :func:`content_scores` times the learned head's :func:`learned_scores` for
+    picture and speech codes (right only when both say so), captions by their content score alone (the head reads
+    words worse than confidence does); ``groups`` + 1 model calls. Needs a trained head."""
+    scores, calls = content_scores(model, layout, draft, critic, groups, cfg)
+    head, head_calls = learned_scores(model, layout, draft, cfg)
+    return {m: s * head[m].to(s.dtype).cpu() if m in ("image", "audio") and m in head else s
+            for m, s in scores.items()}, calls + head_calls
+
+
 def _remasked_log_probs(model, layout: Layout, draft: Draft, groups: int,
                         cfg=None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Per modality, (n, V) log-probabilities at each content position with it (and its group) re-masked, and
@@ -267,9 +278,11 @@ def make_critic(critic, model, layout: Layout, cfg=None, groups: int = DEFAULT_G
     """``critic`` ("learned", "confidence", "random" or a callable) as ``score(draft, round) -> (scores,
     model calls)``; ``round`` reseeds the random critic so each round draws fresh positions."""
     if isinstance(critic, ContentCritic):
+        if critic.with_head:
+            return lambda draft, round_=0: content_with_head_scores(model, layout, draft, critic, groups, cfg)
         return lambda draft, round_=0: content_scores(model, layout, draft, critic, groups, cfg)
-    if critic == "content":
-        raise InputError("critic='content' decodes codes with the codecs: pass a ContentCritic "
+    if critic in ("content", "content+learned"):
+        raise InputError(f"critic={critic!r} decodes codes with the codecs: pass a ContentCritic "
                          "(UniModal.critique / refine make one from the name)")
     if callable(critic):
         return lambda draft, round_=0: callable_scores(critic, layout, draft)
@@ -301,7 +314,7 @@ def thresholds_for(critic, threshold: float | None = None) -> dict[str, float]:
         return {m: float(threshold) for m in MODALITIES}
     if isinstance(critic, str) and critic == "confidence":
         return dict(CONFIDENCE_THRESHOLDS)
-    if critic == "content" or isinstance(critic, ContentCritic):
+    if critic in ("content", "content+learned") or isinstance(critic, ContentCritic):
         return dict(CONTENT_THRESHOLDS)
     return {m: DEFAULT_THRESHOLD for m in MODALITIES}
 
@@ -474,6 +487,6 @@ def remasked(layout: Layout, draft: Draft, selection: Mapping[str, torch.Tensor]
     return ids
 
 
-__all__ = ["CONFIDENCE_THRESHOLDS", "CRITICS", "Draft", "TargetForward", "agreement_score", "confidence_scores", "flagged", "flags_of", "learned_scores", "make_critic",
+__all__ = ["CONFIDENCE_THRESHOLDS", "CRITICS", "Draft", "TargetForward", "agreement_score", "confidence_scores", "content_with_head_scores", "flagged", "flags_of", "learned_scores", "make_critic",
            "make_draft", "random_scores", "region_indices", "regions_from_flags", "remasked", "sample_score",
            "selection_of", "text_offsets", "thresholds_for"]

@@ -259,6 +259,28 @@ def test_content_scores_bound_confidence_and_refine_names_the_content_critic(pip
         make_critic("content", pipe.backbone, pipe.layout)
 
 
+def test_content_and_learned_together_multiply_for_codes_and_need_a_trained_head(pipe, image_result, monkeypatch):
+    """critic="content+learned": a picture or speech code's content score times the head's (right only when
+    both say so), one model call more than content; refused by name on a model whose head was never trained."""
+    import unimodal.refine as refining
+    from unimodal.inference.critique import CONTENT_THRESHOLDS, content_scores, learned_scores
+    from unimodal.refine import draft_of, scoring_critic
+
+    with pytest.raises(SettingError, match="critic='content\\+learned' reads the backbone's critic head"):
+        pipe.critique(image_result, text=PROMPT, critic="content+learned")
+    monkeypatch.setattr(refining, "require_trained_critic", lambda *a: None)  # the tiny head: untrained, but scores
+    draft = draft_of(pipe, image_result, {"text": PROMPT})
+    cfg = refining._scoring_cfg(pipe, draft, None)  # the guidance critique scores with
+    content, _ = content_scores(pipe.backbone, pipe.layout, draft, scoring_critic(pipe, "content"), cfg=cfg)
+    head, _ = learned_scores(pipe.backbone, pipe.layout, draft, cfg)
+    report = pipe.critique(image_result, text=PROMPT, critic="content+learned")
+    assert report.critic == "content+learned" and report.forward_passes == 5
+    assert np.allclose(report.scores["image"], (content["image"] * head["image"]).numpy(), atol=1e-6)
+    assert report.thresholds == {"image": CONTENT_THRESHOLDS["image"]}
+    assert scoring_critic(pipe, "content") is not scoring_critic(pipe, "content+learned")  # one of each, kept
+    assert scoring_critic(pipe, "content+learned") is scoring_critic(pipe, "content+learned")
+
+
 def test_random_critic_is_seeded_and_free():
     draft = make_draft(LAYOUT, [], {"image": torch.arange(64) % 32})
     a, passes = random_scores(LAYOUT, draft, seed=3)

@@ -472,9 +472,10 @@ def _lowest(scores: list, wrong: list) -> float:
 
 def format_mistakes(report: dict) -> str:
     decoded = report.get("decoded")
-    lines = [f"{'critic':<12} {'AUROC':>6} {'prec@10%':>9}" + (f" {'AUROC*':>7} {'prec@10%*':>10}" if decoded else "")]
+    width = max([12] + [len(c) for c in report["critics"]])  # "content+learned" is wider than the rest
+    lines = [f"{'critic':<{width}} {'AUROC':>6} {'prec@10%':>9}" + (f" {'AUROC*':>7} {'prec@10%*':>10}" if decoded else "")]
     for critic, row in report["critics"].items():
-        line = f"{critic:<12} {_cell(row['auroc']):>6} {row['precision_lowest_10pct']:>9.3f}"
+        line = f"{critic:<{width}} {_cell(row['auroc']):>6} {row['precision_lowest_10pct']:>9.3f}"
         if decoded:
             line += f" {_cell(row['auroc_decoded']):>7} {row['precision_lowest_10pct_decoded']:>10.3f}"
         lines.append(line)

@@ -23,7 +23,7 @@ from unimodal.core.errors import EmptyInputError, InputError, InputFileError, Ou
 from unimodal.core.instructions import parse_instruction, require_fits
 from unimodal.core.paths import OUTPUT_SUFFIXES, user_path
 
-CRITICS = ("learned", "confidence", "content", "random")
+CRITICS = ("learned", "confidence", "content", "content+learned", "random")
 REFINE_OPS = ("critique", "refine", "edit")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")

@@ -304,7 +304,8 @@ def _add_common(parser, out_help: str) -> None:
 
 def _add_plan_flags(parser) -> None:
     parser.add_argument("--critic", default="confidence", help="confidence (default), content (the mass of the "
-                        "codes that decode alike: right content rather than right id), learned or random")
+                        "codes that decode alike: right content rather than right id), learned, content+learned "
+                        "(both: right only when both say so) or random")
     parser.add_argument("--fraction", type=float, default=0.25, help="most tokens flagged, as a share (0.25)")
     parser.add_argument("--threshold", type=float, default=None,
                         help="flag only tokens scored below this (default: the critic's own; for confidence per "

@@ -225,10 +225,11 @@ Input = Annotated[str, Field(description="the file to work on: a picture (.png/.
 Prompt = Annotated[str | None, Field(description="the text the content was made from (its condition); for edit, "
                                                  "the new description of the region")]
 Seed = Annotated[int | None, Field(ge=0, lt=SEED_LIMIT, description="same seed, same output")]
-Critic = Annotated[Literal["confidence", "content", "learned", "random"], Field(
+Critic = Annotated[Literal["confidence", "content", "content+learned", "learned", "random"], Field(
     description="who scores the tokens: confidence (the model's probability of each token when re-masked), "
                 "content (the probability of the codes that decode like it there: right content, not right id), "
-                "learned (the critic head), random (ReMDM-style baseline)")]
+                "learned (the critic head), content+learned (both: right only when both say so; the best on "
+                "speech), random (ReMDM-style baseline)")]
 Fraction = Annotated[float | None, Field(gt=0, le=1, description="most tokens flagged per critique, as a share "
                                                                  "(default 0.25)")]
 Threshold = Annotated[float | None, Field(gt=0, le=1, description="flag only tokens scored below this "

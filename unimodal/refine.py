@@ -141,7 +141,7 @@ def _check_model_caption(value) -> None:
 def _flag_threshold(critic, threshold: float | None, caption: bool) -> float | None:
     """The threshold a critique or refine flags below: the caller's, else a model caption's for the confidence
     critic, else None (the critic's own default, :func:`thresholds_for`)."""
-    if threshold is None and caption and critic in ("confidence", "content"):  # the same score on words
+    if threshold is None and caption and critic in ("confidence", "content", "content+learned"):  # words: confidence
         return CAPTION_REFINE["threshold"]
     return threshold
 
@@ -200,8 +200,8 @@ def _scoring_cfg(pipe, draft: Draft, cfg):
 def require_trained_critic(pipe, critic) -> None:
     """Refuse ``critic="learned"`` on a model whose critic head was never trained: its scores would be noise
     (an untrained head says 0.5 everywhere), not a judgement."""
-    if critic == "learned" and not getattr(pipe.config, "critic_trained", False):
-        raise SettingError("critic='learned' reads the backbone's critic head, and this model's was never trained "
+    if critic in ("learned", "content+learned") and not getattr(pipe.config, "critic_trained", False):
+        raise SettingError(f"critic={critic!r} reads the backbone's critic head, and this model's was never trained "
                            "(its training_config.json has no \"critic_trained\": true). Train it by fine-tuning "
                            "with the critic objective: unimodal train --init-from MODEL_FOLDER --critic-weight 0.1 "
                            "--data ... --out RUN (docs/critique.md), or use critic='confidence' (training-free)")
@@ -210,14 +210,17 @@ def require_trained_critic(pipe, critic) -> None:
 def scoring_critic(pipe, critic):
     """The critic as the scoring functions take it: ``"content"`` bound to the pipeline's codecs (it decodes
     codes, :mod:`unimodal.inference.content`), any other name or callable as it is. Made once per pipeline."""
-    if not (isinstance(critic, str) and critic == "content"):
+    if not (isinstance(critic, str) and critic in ("content", "content+learned")):
         return critic
-    if getattr(pipe, "_content_critic", None) is None:
+    made = getattr(pipe, "_content_critics", None)
+    if made is None:
+        made = pipe._content_critics = {}
+    if critic not in made:
         from unimodal.inference.content import ContentCritic
 
-        pipe._content_critic = ContentCritic(getattr(pipe.image_codec, "model", None),
-                                             getattr(pipe.audio_codec, "model", None))
-    return pipe._content_critic
+        made[critic] = ContentCritic(getattr(pipe.image_codec, "model", None), getattr(pipe.audio_codec, "model", None),
+                                     with_head=critic == "content+learned")
+    return made[critic]
 
 
 def critique(pipe, result, text=None, image=None, audio=None, critic="confidence", fraction: float = 0.25,
