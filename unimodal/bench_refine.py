@@ -499,12 +499,15 @@ def _broken(repaired, truth, wrong) -> int:
 
 
 def format_repair(report: dict) -> str:
-    lines = [f"{'critic':<12} {'AUROC':>6} {'prec@10%':>9} {'accuracy':>9} {'restored':>9} {'broken':>7} "
+    width = max([12] + [len(c) for c in report["critics"]])  # "content+learned" is wider than the rest
+    lead = width + 25  # the name, AUROC and prec@10% columns: where accuracy starts
+    lines = [f"{'critic':<{width}} {'AUROC':>6} {'prec@10%':>9} {'accuracy':>9} {'restored':>9} {'broken':>7} "
              f"{'threshold':>9} {'real flagged':>12} {'corrupted':>9}",
-             f"{'(real, codec round trip)':<37} {report['accuracy_reconstructed']:>9.3f}",
-             f"{'(corrupted ' + format(report['corrupted_fraction'], '.0%') + ')':<37} {report['accuracy_corrupted']:>9.3f}"]
+             f"{'(real, codec round trip)':<{lead}} {report['accuracy_reconstructed']:>9.3f}",
+             f"{'(corrupted ' + format(report['corrupted_fraction'], '.0%') + ')':<{lead}} "
+             f"{report['accuracy_corrupted']:>9.3f}"]
     for critic, row in report["critics"].items():
-        lines.append(f"{critic:<12} {_cell(row['auroc']):>6} {row['precision_lowest_10pct']:>9.3f} "
+        lines.append(f"{critic:<{width}} {_cell(row['auroc']):>6} {row['precision_lowest_10pct']:>9.3f} "
                      f"{row['accuracy_refined']:>9.3f} {row['codes_restored']:>9.3f} {row['codes_broken']:>7.3f} "
                      f"{row['threshold']:>9g} {row['real_flagged']:>12.3f} {row['corrupted_below_threshold']:>9.3f}")
     for critic, row in report["critics"].items():
