@@ -40,7 +40,7 @@ from unimodal.inference.critique import (DEFAULT_FRACTION, DEFAULT_GROUPS, Draft
 from unimodal.inference.sampler import Request, SamplerConfig
 from unimodal.inference.sampler import generate as sample
 from unimodal.core.errors import InputError
-from unimodal.core.seeds import SEED_LIMIT
+from unimodal.core.seeds import check_seed_room
 
 EVALUATORS = ("critic", "agreement")
 NOT_KEPT = ("no improvement", "region cut the content after it")  # a round ran and its candidate was dropped
@@ -74,9 +74,7 @@ class RefineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InputError(f"{name} must be an int >= {low}, got {value!r}")
-        if self.seed + max(self.rounds - 1, 0) >= SEED_LIMIT:  # round r regenerates with seed + r
-            raise InputError(f"seed must leave room for its rounds (round r uses seed + r, below 2**62): seed "
-                             f"{self.seed} with {self.rounds} rounds; give a seed below {SEED_LIMIT - self.rounds + 1}")
+        check_seed_room(self.seed, self.rounds)
         for name in ("budget", "regen_steps"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

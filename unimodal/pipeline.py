@@ -54,7 +54,7 @@ from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelF
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
 from unimodal.core.paths import SCHEDULER_DIR, resolve_model_dir
 from unimodal.core.grammar import unknown_words
-from unimodal.core.seeds import SEED_LIMIT, check_seed, fresh_seed
+from unimodal.core.seeds import check_seed, check_seed_room, fresh_seed
 from unimodal.inputs import as_audio, as_image, as_text
 from unimodal.core.int8 import load_pretrained
 from unimodal.results import GenerationResult
@@ -267,9 +267,8 @@ class UniModal(DiffusionPipeline):
         if refine and self.autoregressive:
             raise SettingError("refine > 0 re-masks and regenerates with the masked-diffusion model; the "
                                "autoregressive twin has no such step (use refine=0)")
-        if refine and isinstance(seed, int) and not isinstance(seed, bool) and seed + refine > SEED_LIMIT:
-            raise SettingError(f"seed {seed} leaves no room for {refine} refine rounds (round r regenerates with "
-                               f"seed + r, below 2**62); give a seed below {SEED_LIMIT - refine + 1}")
+        if refine and isinstance(seed, int) and not isinstance(seed, bool):  # before anything is sampled
+            check_seed_room(seed, refine, SettingError)
         result = self._generate_once(text, image, audio, to, steps, mode, tau, temperature, top_k, top_p, cfg, seed,
                                      max_text_tokens, max_audio_seconds, progress, candidates, plan,
                                      accept_confidence, settings)

@@ -21,9 +21,17 @@ def check_seed(seed, name: str = "seed", error: type[InputError] = InputError) -
     return seed
 
 
+def check_seed_room(seed: int, rounds: int, error: type[InputError] = InputError) -> None:
+    """Refuse a ``seed`` whose derived seeds run past the limit: refine's round r regenerates with ``seed + r``, so
+    ``rounds`` rounds need ``seed + rounds - 1 < SEED_LIMIT`` (checked before any work, not at the last round)."""
+    if seed + max(rounds - 1, 0) >= SEED_LIMIT:
+        raise error(f"seed must leave room for its rounds (round r regenerates with seed + r, below 2**62): seed "
+                    f"{seed} leaves no room for {rounds} refine rounds; give a seed below {SEED_LIMIT - rounds + 1}")
+
+
 def fresh_seed() -> int:
     """A random seed inside the accepted range, for a request that asked for none."""
     return secrets.randbelow(SEED_LIMIT)
 
 
-__all__ = ["SEED_LIMIT", "check_seed", "fresh_seed"]
+__all__ = ["SEED_LIMIT", "check_seed", "check_seed_room", "fresh_seed"]
