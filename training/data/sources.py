@@ -33,9 +33,8 @@ def split_weight(entry: str) -> tuple[str, float]:
 def weighted(samples: list, weight: float, seed: int = 0, name: str = "") -> list:
     """``samples`` drawn ``weight`` times: whole copies, then a fixed seeded share for the fraction (references,
     no copies of the tensors). Refuses a weight that keeps no sample."""
-    whole, fraction = divmod(float(weight), 1.0)
-    out = list(samples) * int(whole)
-    extra = round(fraction * len(samples))
+    whole, extra = _parts(len(samples), weight)
+    out = list(samples) * whole
     if extra:
         import numpy as np
 
@@ -44,6 +43,12 @@ def weighted(samples: list, weight: float, seed: int = 0, name: str = "") -> lis
     if samples and not out:
         _keeps_none(name, weight, len(samples))
     return out
+
+
+def _parts(n: int, weight: float) -> tuple[int, int]:
+    """How ``weight`` draws ``n`` samples: whole copies, and the samples of the seeded share for its fraction."""
+    whole, fraction = divmod(float(weight), 1.0)
+    return int(whole), round(fraction * n)
 
 
 def _keeps_none(name: str, weight: float, n: int) -> NoReturn:
@@ -61,7 +66,7 @@ def check_keeps_some(folder: Path, weight: float, name: str = "") -> None:
         n = int(json.loads(info.read_text()).get("splits", {}).get("train", 0))
     except (ValueError, TypeError, AttributeError):
         return  # an unreadable info.json is the data check's to report
-    if n and not round((weight % 1.0) * n):
+    if n and not any(_parts(n, weight)):
         _keeps_none(name or str(folder), weight, n)
 
 
