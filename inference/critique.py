@@ -37,6 +37,8 @@ from unimodal.inference.content import ContentCritic
 from unimodal.core.errors import InputError
 
 CRITICS = ("learned", "confidence", "content", "content+learned", "random")
+CONTENT_CRITICS = ("content", "content+learned")  # the names made into a ContentCritic (they decode codes)
+HEAD_CRITICS = ("learned", "content+learned")  # the names that read the critic head (a trained one)
 DEFAULT_GROUPS = 4  # re-masking a quarter at a time keeps 3/4 of the context for each scored token
 DEFAULT_FRACTION = 0.25  # at most this share of a modality's tokens is flagged per critique
 DEFAULT_THRESHOLD = 0.5  # and only tokens scored below this: a confident critic flags nothing
@@ -281,7 +283,7 @@ def make_critic(critic, model, layout: Layout, cfg=None, groups: int = DEFAULT_G
         if critic.with_head:
             return lambda draft, round_=0: content_with_head_scores(model, layout, draft, critic, groups, cfg)
         return lambda draft, round_=0: content_scores(model, layout, draft, critic, groups, cfg)
-    if critic in ("content", "content+learned"):
+    if critic in CONTENT_CRITICS:
         raise InputError(f"critic={critic!r} decodes codes with the codecs: pass a ContentCritic "
                          "(UniModal.critique / refine make one from the name)")
     if callable(critic):
@@ -314,7 +316,7 @@ def thresholds_for(critic, threshold: float | None = None) -> dict[str, float]:
         return {m: float(threshold) for m in MODALITIES}
     if isinstance(critic, str) and critic == "confidence":
         return dict(CONFIDENCE_THRESHOLDS)
-    if critic in ("content", "content+learned") or isinstance(critic, ContentCritic):
+    if critic in CONTENT_CRITICS or isinstance(critic, ContentCritic):
         return dict(CONTENT_THRESHOLDS)
     return {m: DEFAULT_THRESHOLD for m in MODALITIES}
 
@@ -487,6 +489,6 @@ def remasked(layout: Layout, draft: Draft, selection: Mapping[str, torch.Tensor]
     return ids
 
 
-__all__ = ["CONFIDENCE_THRESHOLDS", "CRITICS", "Draft", "TargetForward", "agreement_score", "confidence_scores", "content_with_head_scores", "flagged", "flags_of", "learned_scores", "make_critic",
+__all__ = ["CONFIDENCE_THRESHOLDS", "CONTENT_CRITICS", "CRITICS", "HEAD_CRITICS", "Draft", "TargetForward", "agreement_score", "confidence_scores", "content_with_head_scores", "flagged", "flags_of", "learned_scores", "make_critic",
            "make_draft", "random_scores", "region_indices", "regions_from_flags", "remasked", "sample_score",
            "selection_of", "text_offsets", "thresholds_for"]

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from unimodal.inference.critique import (Draft, agreement_score, flags_of, make_critic, make_draft, regions_from_flags,
-                                         sample_score, selection_of, thresholds_for)
+from unimodal.inference.critique import (CONTENT_CRITICS, HEAD_CRITICS, Draft, agreement_score, flags_of, make_critic,
+                                         make_draft, regions_from_flags, sample_score, selection_of, thresholds_for)
 from unimodal.inference.refine import RefineConfig, critic_name, regenerate
 from unimodal.inference.refine import refine as refine_draft
 from unimodal.tokenizers_mm.layout import MODALITIES
@@ -141,7 +141,7 @@ def _check_model_caption(value) -> None:
 def _flag_threshold(critic, threshold: float | None, caption: bool) -> float | None:
     """The threshold a critique or refine flags below: the caller's, else a model caption's for the confidence
     critic, else None (the critic's own default, :func:`thresholds_for`)."""
-    if threshold is None and caption and critic in ("confidence", "content", "content+learned"):  # words: confidence
+    if threshold is None and caption and (critic == "confidence" or critic in CONTENT_CRITICS):  # words: confidence
         return CAPTION_REFINE["threshold"]
     return threshold
 
@@ -200,7 +200,7 @@ def _scoring_cfg(pipe, draft: Draft, cfg):
 def require_trained_critic(pipe, critic) -> None:
     """Refuse ``critic="learned"`` on a model whose critic head was never trained: its scores would be noise
     (an untrained head says 0.5 everywhere), not a judgement."""
-    if critic in ("learned", "content+learned") and not getattr(pipe.config, "critic_trained", False):
+    if critic in HEAD_CRITICS and not getattr(pipe.config, "critic_trained", False):
         raise SettingError(f"critic={critic!r} reads the backbone's critic head, and this model's was never trained "
                            "(its training_config.json has no \"critic_trained\": true). Train it by fine-tuning "
                            "with the critic objective: unimodal train --init-from MODEL_FOLDER --critic-weight 0.1 "
@@ -210,7 +210,7 @@ def require_trained_critic(pipe, critic) -> None:
 def scoring_critic(pipe, critic):
     """The critic as the scoring functions take it: ``"content"`` bound to the pipeline's codecs (it decodes
     codes, :mod:`unimodal.inference.content`), any other name or callable as it is. Made once per pipeline."""
-    if not (isinstance(critic, str) and critic in ("content", "content+learned")):
+    if not (isinstance(critic, str) and critic in CONTENT_CRITICS):
         return critic
     made = getattr(pipe, "_content_critics", None)
     if made is None:
