@@ -801,3 +801,13 @@ def test_bench_refine_repair_mode_and_auroc(tiny_codec_dir, tmp_path, capsys):
     # the same first call (same seeds), then more rounds: at least its passes
     assert row["forward_passes"] >= report["critics"]["confidence"]["forward_passes"] > 0
     assert "then re-read 2 rounds as the model's own caption" in out
+    # from Python with progress=None: the same report, and neither a bar nor a line on the terminal
+    from unimodal import UniModal
+    from unimodal.bench_refine import bench_repair
+    from unimodal.eval_cases import load_cases
+
+    cases, _ = load_cases("scenes", "test", 2, speech=False)
+    quiet = bench_repair(UniModal.from_pretrained(model), cases, critics=("confidence",), rounds=1,
+                         modality="text", progress=None)
+    assert capsys.readouterr() == ("", "")
+    assert quiet["critics"]["confidence"]["auroc"] == report["critics"]["confidence"]["auroc"]

@@ -285,6 +285,7 @@ def bench_repair(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confiden
     if isinstance(reread, bool) or not isinstance(reread, int) or reread < 0 or (reread and modality != "text"):
         raise InputError(f"reread re-reads repaired captions against their picture: a whole number >= 0 with "
                          f"modality 'text', got {reread!r} with {modality!r}")
+    show, progress = progress is not None, progress or _quiet
     kind = _RepairKind(pipe, modality, judges or Judges())
     truth = kind.truth(cases)
     corrupt, wrong = _corrupted(truth, pipe.layout.codebook_size(modality), fraction, seed)
@@ -294,7 +295,7 @@ def bench_repair(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confiden
               "accuracy_corrupted": float(np.mean(kind.verdicts(cases, corrupt))), "critics": {}}
     for critic in critics:
         report["critics"][critic] = _repaired(pipe, kind, cases, truth, corrupt, wrong, critic, rounds, seed, groups,
-                                              options, reread)
+                                              options, reread, show=show)
         progress(f"done: repair {critic}")
     return report
 
@@ -324,6 +325,10 @@ def _oracle(modality: str, truth):
 REAL_QUANTILES = (0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 
 
+def _quiet(*_) -> None:
+    """The ``progress`` of a bench called with ``progress=None``: no bar, no lines."""
+
+
 def _bar(items, desc: str, show: bool = True):
     """A progress bar over a bench's cases on stderr (each case is several model calls)."""
     from tqdm.auto import tqdm
@@ -332,11 +337,12 @@ def _bar(items, desc: str, show: bool = True):
 
 
 def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rounds, seed, groups, options,
-              reread: int = 0) -> dict:
+              reread: int = 0, show: bool = True) -> dict:
     import torch
 
     repaired, scores, real, first, passes = [], [], [], [], []
-    for i, case in enumerate(_bar(cases, f"repair {kind.modality} ({critic if isinstance(critic, str) else 'critic'})")):
+    name = critic if isinstance(critic, str) else "critic"
+    for i, case in enumerate(_bar(cases, f"repair {kind.modality} ({name})", show)):
         result, condition = kind.result(corrupt[i]), kind.condition(case)
         scorer = _oracle(kind.modality, truth[i]) if critic == ORACLE else critic
         report = pipe.critique(result, **condition, critic=scorer, groups=groups, seed=seed + i,
@@ -405,14 +411,14 @@ def bench_mistakes(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confid
                          f"{modality!r} and {fraction!r}")
     for critic in critics:
         require_trained_critic(pipe, critic)
+    show, progress = progress is not None, progress or _quiet
     kind = _RepairKind(pipe, modality, None)
     sampler = pipe._sampler_config({}, pipe.scheduler.target_kind([modality]))
     sampler = replace(sampler, steps=max(2, math.ceil(sampler.steps * fraction)))
     scores = {c: [] for c in critics}
     wrong, far, distances = [], [], []
     labels = _decoded_labels(pipe, modality)
-    for i, (case, truth) in enumerate(_bar(list(zip(cases, kind.truth(cases))), f"{modality} mistakes",
-                                           progress is not None)):
+    for i, (case, truth) in enumerate(_bar(list(zip(cases, kind.truth(cases))), f"{modality} mistakes", show)):
         generator = torch.Generator().manual_seed(seed + i)
         chosen = torch.zeros(len(truth), dtype=torch.bool)
         chosen[torch.randperm(len(truth), generator=generator)[:max(1, round(len(truth) * fraction))]] = True
