@@ -92,6 +92,8 @@ def test_generate_json_from_files_and_to_several_outputs(model_dir, tmp_path, ca
     assert all(os.path.isfile(path) for path in result["files"].values())
     stage = result["settings"]["text_stage"]  # planned: the text first, unguided (text's defaults), then the picture
     assert stage["guidance_passes"] == 0 and result["settings"]["cfg"] == 2
+    # its steps setting (in threshold mode a cap) beside the model calls it took; each call one pass, unguided
+    assert 1 <= stage["model_calls"] <= stage["steps"] and stage["forward_passes"] == stage["model_calls"]
     assert result["settings"]["guidance_passes"] == result["forward_passes"] - stage["forward_passes"]
 
     code, out, _ = run(capsys, "generate", "--model", model_dir, "--text", "a blue square", "--to", "image,audio",

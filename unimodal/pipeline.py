@@ -235,9 +235,10 @@ class UniModal(DiffusionPipeline):
         nothing aside): every stage is then a direction the model was trained on (text->image, text->audio). The
         default (:data:`PLAN_DEFAULT`).
         ``"none"``: every output from the inputs alone, in one loop.
-        ``result.settings`` says which ran (``plan``) and, planned, ``text_stage`` (the text's sampler settings,
-        passes, words, token ids and whether they were a condition: an empty text is not; critique and refine read
-        the outputs with them); ``forward_passes`` counts both stages.
+        ``result.settings`` says which ran (``plan``) and, planned, ``text_stage`` (the text's sampler settings, its
+        ``steps`` setting among them, the ``model_calls`` and ``forward_passes`` it took, words, token ids and whether
+        they were a condition: an empty text is not; critique and refine read the outputs with them);
+        ``forward_passes`` counts both stages.
 
         ``candidates`` > 1: draw that many (seeds ``seed``, ``seed + 1``, ...; one batched sampler call) and return
         the one that agrees best with the inputs, read back by the same model (the prompt's log-probability when
@@ -759,7 +760,7 @@ def _joined(item: _Prepared, text: GenerationResult, rest: GenerationResult, pla
     settings = dict(rest.settings)
     stage = {k: text.settings.get(k) for k in (*TOKEN_SETTINGS, "guidance_passes") if k in text.settings}
     settings.update(_summed([text, rest]), inputs=[m for m in MODALITIES if m in item.inputs], plan=plan,
-                    text_stage=stage | {"forward_passes": text.forward_passes, "steps": text.steps, "text": text.text,
+                    text_stage=stage | {"forward_passes": text.forward_passes, "model_calls": text.steps, "text": text.text,
                                         "token_ids": text.token_ids["text"],
                                         "conditioned": bool(text.text and text.text.strip())})
     if item.text_was_target:
