@@ -177,6 +177,27 @@ def test_speech_judge_transcribes_espeak_clips():
         judge.transcribe(samples[0].audio, sample_rate=22_050)
 
 
+def test_speech_calibration_says_how_often_the_real_clips_are_heard_as_their_scene():
+    pytest.importorskip("faster_whisper")
+    import dataclasses
+
+    samples = [make_sample(0, TEST_SPLIT, i, heldout=False, speech=True) for i in range(3)]
+    # the same clips said to show another colour: heard right can only mean "parses to the scene it shows"
+    recoloured = []
+    for sample in samples:
+        attributes = {**sample.meta["attributes"], "objects": [
+            {**o, "color": next(c for c in COLORS if c != o["color"])} for o in sample.meta["attributes"]["objects"]]}
+        recoloured.append(dataclasses.replace(sample, meta={**sample.meta, "attributes": attributes}))
+    report = calibrate(speech_samples=samples + recoloured, digit_split=None)["speech"]
+    assert report["clips"] == 6 and report["heard_right"] <= 0.5
+    for key in ("heard_right_by_objects", "heard_right_by_voice"):
+        groups = report[key]
+        assert sum(g["clips"] for g in groups.values()) == 6
+        assert sum(g["clips"] * g["heard_right"] for g in groups.values()) == pytest.approx(6 * report["heard_right"])
+    assert set(report["heard_right_by_voice"]) == {s.meta["voice"]["name"].split("+")[0] for s in samples}
+    assert set(report["heard_right_by_objects"]) == {str(len(s.meta["attributes"]["objects"])) for s in samples}
+
+
 # ----------------------------------------------------------------------------------------------- optional deps
 
 @pytest.mark.parametrize("module, package, make", [
