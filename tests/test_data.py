@@ -100,6 +100,40 @@ def test_audio_rate_length_and_speech(tiny_scenes):
         assert np.abs(sample.audio).max() <= 1.0
 
 
+def test_voice_sets_draw_within_their_ranges_and_varied_draws_as_before():
+    from unimodal.training.data.speech import VOICE_SETS, check_voices
+
+    # the default set draws exactly what data sets built before voice sets were spoken with (pinned draws)
+    assert Voice.random(np.random.default_rng([3, 0])) == Voice("en-gb-scotland+m1", 150, 39, 37)
+    assert Voice.random(np.random.default_rng([3, 1]), "varied") == Voice("en-gb-scotland+m3", 172, 46, 61)
+    for name, chosen in VOICE_SETS.items():
+        voices = [Voice.random(np.random.default_rng([7, i]), name) for i in range(300)]
+        assert {v.name for v in voices} == set(chosen.names)  # every voice of the set is used, no other
+        for field in ("rate", "pitch", "pitch_range"):
+            low, high = getattr(chosen, field)
+            assert {getattr(v, field) for v in voices} <= set(range(low, high + 1))
+            assert min(getattr(v, field) for v in voices) == low and max(getattr(v, field) for v in voices) == high
+    assert all(v.name.startswith("en-us") for v in (Voice.random(np.random.default_rng(i), "clear") for i in range(20)))
+    with pytest.raises(InputError, match="--voices must be one of"):
+        check_voices("loud")
+
+
+def test_build_with_clear_voices_names_its_folder_and_says_so(tmp_path, monkeypatch, capsys):
+    from unimodal.training.data.store import read_info
+
+    monkeypatch.setenv("UNIMODAL_CACHE", str(tmp_path))
+    with pytest.raises(InputError, match="--voices"):
+        build("scenes", n=10, voices="quiet", progress=False)
+    with pytest.raises(InputError, match="--no-speech"):
+        build("scenes", n=10, voices="clear", speech=False, progress=False)
+    out = build("scenes", n=10, voices="clear", progress=False)
+    assert out.name == "scenes-n10-seed0-voicesclear" and read_info(out)["voices"] == "clear"
+    records = [json.loads(line) for line in (out / "test" / "records.jsonl").read_text().splitlines()]
+    assert records and all(r["voice"]["name"].startswith("en-us") for r in records)
+    assert cli_main(["data", "build", "scenes", "--n", "10", "--voices", "loud", "--out", str(tmp_path / "x")]) != 0
+    assert "--voices must be one of ['clear', 'varied']" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
 def test_speech_is_deterministic_and_voice_changes_it():
     v = Voice("en-us+f2", 150, 40, 60)
     a, b = synthesize("the digit seven", v), synthesize("the digit seven", v)

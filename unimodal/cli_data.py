@@ -11,7 +11,7 @@ def _cmd_data_build(args) -> int:
     from unimodal.training.data.build import build
 
     out = build(args.name, n=args.n, seed=args.seed, out=args.out, speech=not args.no_speech,
-                pair_fraction=args.pair_fraction)
+                pair_fraction=args.pair_fraction, voices=args.voices)
     print(out)
     return 0
 
@@ -64,6 +64,9 @@ def add_data_commands(sub) -> None:
     build.add_argument("--no-speech", action="store_true", help="skip the spoken captions")
     build.add_argument("--pair-fraction", type=float, default=None, help="scenes: the share of two-object scenes "
                        "(default 0.4); the default folder then ends in -pairsF")
+    build.add_argument("--voices", default="varied", help="the eSpeak voices the captions are spoken in: varied "
+                       "(default; many voices, what audio inputs must understand) or clear (the few the speech judge "
+                       "hears best); clear names the default folder -voicesclear")
     build.set_defaults(func=_cmd_data_build)
     info = data.add_parser("info", help="print a built data set's info.json")
     info.add_argument("dir")

@@ -8,7 +8,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from unimodal.training.data import digits, scenes
-from unimodal.training.data.speech import SAMPLE_RATE
+from unimodal.training.data.speech import SAMPLE_RATE, check_voices
 from unimodal.training.data.store import Sample, publish, staging_dir, write_info, write_split
 from unimodal.core.errors import InputError
 from unimodal.core.grammar import IMAGE_SIZE
@@ -22,22 +22,22 @@ def scene_split_sizes(n: int) -> dict[str, int]:
     return {"train": n_train, "val": n_val, "test": n - n_train - n_val, "heldout": max(1, n // 10)}
 
 
-def _build_scenes(n: int, seed: int, speech: bool, bar: tqdm,
-                  pair_fraction: float = scenes.PAIR_FRACTION) -> dict[str, list[Sample]]:
+def _build_scenes(n: int, seed: int, speech: bool, bar: tqdm, pair_fraction: float = scenes.PAIR_FRACTION,
+                  voices: str = "varied") -> dict[str, list[Sample]]:
     splits = {}
     for split, count in scene_split_sizes(n).items():
         samples = []
         for i in range(count):
             samples.append(scenes.make_sample(seed, SCENE_SPLIT_IDS[split], i, heldout=split == "heldout", speech=speech,
-                                              pair_fraction=pair_fraction))
+                                              pair_fraction=pair_fraction, voices=voices))
             bar.update(1)
         splits[split] = samples
     return splits
 
 
-def _build_digits(n: int, seed: int, speech: bool, bar: tqdm) -> dict[str, list[Sample]]:
+def _build_digits(n: int, seed: int, speech: bool, bar: tqdm, voices: str = "varied") -> dict[str, list[Sample]]:
     fraction = n / digits.NUM_DIGITS
-    return {split: digits.make_samples(seed, split, idx[: max(1, round(len(idx) * fraction))], speech, bar)
+    return {split: digits.make_samples(seed, split, idx[: max(1, round(len(idx) * fraction))], speech, bar, voices)
             for split, idx in digits.split_indices(seed).items()}
 
 
@@ -73,13 +73,17 @@ def check_pair_fraction(name: str, pair_fraction) -> float | None:
 
 
 def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None = None, speech: bool = True,
-          progress: bool = True, pair_fraction: float | None = None) -> Path:
+          progress: bool = True, pair_fraction: float | None = None, voices: str = "varied") -> Path:
     """Build data set ``name`` with ``n`` samples into ``out`` (default: the cache) and return the folder.
 
     ``pair_fraction`` (scenes only): the share of two-object scenes in every split (default
     :data:`scenes.PAIR_FRACTION`); the default folder then says it (``scenes-n10000-seed4-pairs0.7``). One-object
     scenes are the easy ones (the shipped model draws and reads nearly all of them), so a set with more pairs
     spends a training run where its errors are. ``unimodal eval`` judges on its own fixed cases, not on this set.
+
+    ``voices``: the eSpeak voice set the captions are spoken in (:data:`VOICE_SETS`): ``"varied"`` (the default,
+    many voices), or ``"clear"`` (the few the speech judge hears best: speech for the model to learn to say);
+    another set names the default folder (``scenes-n40000-seed1-voicesclear``) and is written in ``info.json``.
 
     The build happens in a staging folder and is moved into place only when complete, so an interrupted
     build never leaves a half-written data set behind.
@@ -88,6 +92,9 @@ def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None
         raise InputError(f"unknown data set {name!r}; the embedded ones are {sorted(BUILDERS)} "
                          f"(your own data: a JSONL manifest, see unimodal.training.data.folder)")
     pair_fraction = check_pair_fraction(name, pair_fraction)
+    voices = check_voices(voices)
+    if voices != "varied" and not speech:
+        raise InputError(f"--voices {voices} says how the captions are spoken; with --no-speech none are (leave one out)")
     n = DEFAULT_N[name] if n is None else n
     if not isinstance(n, int) or n < 10:
         raise InputError(f"--n must be an integer >= 10, got {n!r}")
@@ -100,16 +107,19 @@ def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None
         out = data_dir(name, n, seed)
         if pair_fraction not in (None, scenes.PAIR_FRACTION):
             out = out.with_name(f"{out.name}-pairs{pair_fraction:g}")
+        if voices != "varied":
+            out = out.with_name(f"{out.name}-voices{voices}")
     out = Path(out)
     tmp = staging_dir(out)
     try:
         with tqdm(total=_total(name, n), desc=_bar_label(name, n), unit="sample", disable=not progress) as bar:
             options = {"pair_fraction": pair_fraction} if name == "scenes" else {}
-            splits = BUILDERS[name](n, seed, speech, bar, **options)
+            splits = BUILDERS[name](n, seed, speech, bar, voices=voices, **options)
         for split, samples in splits.items():
             write_split(tmp, split, samples)
         write_info(tmp, {"name": name, "n": n, "seed": seed, "speech": speech, "sample_rate": SAMPLE_RATE,
                          "image_size": IMAGE_SIZE, "splits": {s: len(v) for s, v in splits.items()},
+                         **({"voices": voices} if speech else {}),
                          **({"heldout_pairs": sorted(map(list, scenes.HELDOUT_PAIRS)), "pair_fraction": pair_fraction}
                             if name == "scenes" else {})})
         publish(tmp, out)

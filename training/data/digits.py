@@ -43,14 +43,15 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     return bunch.images, bunch.target
 
 
-def make_samples(seed: int, split: str, indices: np.ndarray, speech: bool = True, progress=None) -> list[Sample]:
+def make_samples(seed: int, split: str, indices: np.ndarray, speech: bool = True, progress=None,
+                 voices: str = "varied") -> list[Sample]:
     images, labels = load_digits_arrays()
     samples = []
     for i in indices:
         rng = np.random.default_rng([seed, int(i)])
         template = int(rng.integers(len(DIGIT_TEMPLATES)))
         caption = digit_caption(int(labels[i]), template)
-        voice = Voice.random(rng)
+        voice = Voice.random(rng, voices)
         audio = synthesize(caption, voice) if speech else None
         meta = {"attributes": {"digit": int(labels[i])}, "source_index": int(i), "template": template,
                 "voice": voice.to_dict() if speech else None}

@@ -106,15 +106,16 @@ def render_scene(attrs: dict, rng: np.random.Generator) -> tuple[np.ndarray, lis
 
 
 def make_sample(seed: int, split_id: int, index: int, heldout: bool, speech: bool = True,
-                pair_fraction: float = PAIR_FRACTION) -> Sample:
-    """The ``index``-th sample of a split: a pure function of its arguments."""
+                pair_fraction: float = PAIR_FRACTION, voices: str = "varied") -> Sample:
+    """The ``index``-th sample of a split: a pure function of its arguments (``voices``: the voice set of its
+    spoken caption, :data:`unimodal.training.data.speech.VOICE_SETS`)."""
     rng = np.random.default_rng([seed, split_id, index])
     attrs = sample_attributes(rng, heldout, pair_fraction)
     image, centres = render_scene(attrs, rng)
     n_templates = len(SINGLE_TEMPLATES) if len(attrs["objects"]) == 1 else len(PAIR_TEMPLATES)
     template = int(rng.integers(n_templates))
     caption = scene_caption(attrs, template)
-    voice = Voice.random(rng)
+    voice = Voice.random(rng, voices)
     audio = synthesize(caption, voice) if speech else None
     meta = {"attributes": attrs, "template": template, "centers": [[round(x, 2), round(y, 2)] for x, y in centres],
             "voice": voice.to_dict() if speech else None}
