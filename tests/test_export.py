@@ -100,3 +100,47 @@ def test_int8_export_stores_matrices_in_int8_and_loads_back_within_half_a_step(t
     packed = quantize_state(weights)
     assert packed["w"].tolist() == [[127, -64], [0, 0]] and "w" + SCALE_SUFFIX in packed
     assert torch.allclose(dequantize_state(packed)["w"], weights["w"], atol=1 / 254)
+
+
+def test_merged_models_average_every_weight_but_the_critic_head(tiny_model_dir, tmp_path, capsys):
+    """merge-models: w0 * A + w1 * B for the generator, A's or B's critic head whole, exported like export-model;
+    folders of another architecture or bad weights refused by name before anything is written."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from unimodal.cli import main
+    from unimodal.pipeline import UniModal
+    from unimodal.training.export import merge_models
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    state = UniModal.from_pretrained(tiny_model_dir).backbone.state_dict()
+    moved = {k: (v + 1.0).contiguous() for k, v in state.items()}
+    for stale in (other / "backbone").glob("*.safetensors"):
+        stale.unlink()
+    save_file(moved, other / "backbone" / "diffusion_pytorch_model.safetensors")
+    out = merge_models([tiny_model_dir, other], [0.75, 0.25], tmp_path / "merged", critic_from=1)
+    _assert_shippable(out)
+    merged = UniModal.from_pretrained(out).backbone.state_dict()
+    for name, value in state.items():
+        want = moved[name] if name.startswith("critic_head.") else value + 0.25
+        assert torch.allclose(merged[name], want.half().float(), atol=2e-3), name
+    config = json.loads((out / "training_config.json").read_text())
+    assert config["merged"]["weights"] == [0.75, 0.25] and config["merged"]["critic_from"] == 1
+    assert [m["folder"] for m in config["merged"]["models"]] == [tiny_model_dir.name, "other"]
+    with pytest.raises(DataError, match="sum to 1"):
+        merge_models([tiny_model_dir, other], [0.5, 0.6], tmp_path / "bad")
+    with pytest.raises(DataError, match="one weight each"):
+        merge_models([tiny_model_dir], [1.0], tmp_path / "bad")
+    with pytest.raises(DataError, match="critic_from"):
+        merge_models([tiny_model_dir, other], [0.5, 0.5], tmp_path / "bad", critic_from=2)
+    config = json.loads((other / "backbone" / "config.json").read_text())
+    (other / "backbone" / "config.json").write_text(json.dumps({**config, "num_layers": config["num_layers"] + 1}))
+    with pytest.raises(DataError, match="differ in their backbone config"):
+        merge_models([tiny_model_dir, other], [0.5, 0.5], tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+    code = main(["merge-models", "--models", str(tiny_model_dir), str(tmp_path / "merged"), "--weights", "0.5", "0.5",
+                 "--int8", "--out", str(tmp_path / "cli")])
+    assert code == 0 and (tmp_path / "cli" / "backbone" / "int8.safetensors").is_file()
+    assert str(tmp_path / "cli") in capsys.readouterr().out

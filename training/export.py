@@ -60,6 +60,77 @@ def export_model(model_dir: str | Path, out: str | Path, codecs: str | Path | No
     return out
 
 
+CRITIC_PREFIX = "critic_head."
+
+
+def merge_models(models: list[str | Path], weights: list[float], out: str | Path, critic_from: int = 0,
+                 int8: bool = False) -> Path:
+    """A weighted average of model folders of one architecture (a "model soup", WiSE-FT when the models are a
+    model and its fine-tune), exported like :func:`export_model`: ``sum(w_i * theta_i)`` in float32 for every
+    backbone weight but the critic head, which comes whole from ``models[critic_from]`` (a head is trained on the
+    features of one backbone; averaging two heads averages two different readings). Layout, codecs, scheduler and
+    training config are ``models[0]``'s, the config also records what was merged (``merged``) and the critic's
+    origin. The models must share the backbone config and the layout; ``weights`` are >= 0 and sum to 1."""
+    import json
+
+    import torch
+
+    from unimodal.core.paths import model_hash
+
+    folders = [Path(m) for m in models]
+    if len(folders) < 2 or len(weights) != len(folders):
+        raise DataError(f"merging needs two or more model folders and one weight each; got {len(folders)} folders "
+                        f"and {len(weights)} weights")
+    if any(not (w >= 0) for w in weights) or abs(sum(weights) - 1) > 1e-6:
+        raise DataError(f"merge weights must be >= 0 and sum to 1, got {list(weights)}")
+    if not 0 <= critic_from < len(folders):
+        raise DataError(f"critic_from must name one of the {len(folders)} models (0 to {len(folders) - 1}), "
+                        f"got {critic_from}")
+    for folder in folders:
+        if not (folder / "backbone").is_dir() or not (folder / LAYOUT_FILE).is_file():
+            raise DataError(f"{folder} is not a model folder (expected backbone/ and {LAYOUT_FILE})")
+    first = folders[0]
+    for folder in folders[1:]:
+        for name, read in (("backbone config", lambda f: {k: v for k, v in DiT.load_config(f / "backbone").items()
+                                                            if not k.startswith("_")}),
+                           ("layout", lambda f: json.loads((f / LAYOUT_FILE).read_text()))):
+            if read(folder) != read(first):
+                raise DataError(f"{folder} and {first} differ in their {name}: only models of one architecture "
+                                f"and layout can be averaged")
+    states = [load_pretrained(DiT, folder / "backbone").state_dict() for folder in folders]
+    merged = {}
+    for key, value in states[0].items():
+        if key.startswith(CRITIC_PREFIX):
+            merged[key] = states[critic_from][key].clone()
+        else:
+            merged[key] = sum(w * state[key].float() for w, state in zip(weights, states)).to(value.dtype)
+    staging = Path(out).with_name(Path(out).name + ".merge")
+    shutil.rmtree(staging, ignore_errors=True)
+    backbone = DiT.from_config(DiT.load_config(first / "backbone"))
+    backbone.load_state_dict(merged)
+    backbone.save_pretrained(staging / "backbone")
+    for name in MODEL_FILES:
+        if (first / name).is_file():
+            shutil.copy2(first / name, staging / name)
+    if (first / SCHEDULER_DIR).is_dir():
+        shutil.copytree(first / SCHEDULER_DIR, staging / SCHEDULER_DIR)
+    config_file = staging / "training_config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    critic_config_file = folders[critic_from] / "training_config.json"
+    critic_config = json.loads(critic_config_file.read_text()) if critic_config_file.is_file() else {}
+    for key in ("critic_trained", "critic_head"):
+        config.pop(key, None)
+        if key in critic_config:
+            config[key] = critic_config[key]
+    config["merged"] = {"models": [{"folder": folder.name, "hash": model_hash(folder)} for folder in folders],
+                        "weights": [float(w) for w in weights], "critic_from": critic_from}
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    try:
+        return export_model(staging, out, codecs=first, int8=int8)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def _check_codecs_fit(model_dir: Path, codecs: str | Path) -> None:
     """The codecs must give the layout the model was trained on (same vocabulary sizes, grid, frame rate)."""
     from unimodal.tokenizers_mm.layout import Layout

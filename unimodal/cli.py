@@ -27,14 +27,15 @@ from unimodal.cli_generate import add_generate_commands
 from unimodal.cli_judges import add_judge_commands
 from unimodal.cli_refine import add_refine_commands
 from unimodal.cli_serve import add_serve_command
-from unimodal.cli_train import EXPORT_MODEL_HELP, TRAIN_HELP, add_train_command
+from unimodal.cli_train import EXPORT_MODEL_HELP, MERGE_MODELS_HELP, TRAIN_HELP, add_train_command
 from unimodal.core.errors import UnimodalError
 from unimodal.demo import add_demo_command
 
 
 # Groups whose parsers import torch (their defaults live beside the code) are built only when their command is
 # named; otherwise each gets a stub with its help line, so `unimodal --help` lists it without the import.
-HEAVY_GROUPS = {add_train_command: {"train": TRAIN_HELP, "export-model": EXPORT_MODEL_HELP},
+HEAVY_GROUPS = {add_train_command: {"train": TRAIN_HELP, "export-model": EXPORT_MODEL_HELP,
+                                    "merge-models": MERGE_MODELS_HELP},
                 add_bench_commands: {"bench": "benchmarks"}, add_eval_commands: {"eval": EVAL_HELP}}
 COMMAND_GROUPS = [add_data_commands, add_codec_commands, add_judge_commands, add_train_command, add_bench_commands,
                   add_eval_commands, add_generate_commands, add_serve_command, add_refine_commands, add_demo_command]
