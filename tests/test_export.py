@@ -128,7 +128,8 @@ def test_merged_models_average_every_weight_but_the_critic_head(tiny_model_dir, 
         assert torch.allclose(merged[name], want.half().float(), atol=2e-3), name
     config = json.loads((out / "training_config.json").read_text())
     assert config["merged"]["weights"] == [0.75, 0.25] and config["merged"]["critic_from"] == 1
-    assert [m["folder"] for m in config["merged"]["models"]] == [tiny_model_dir.name, "other"]
+    # a run's OUT/model is named with its run, no path of this machine
+    assert [m["folder"] for m in config["merged"]["models"]] == [f"{tiny_model_dir.parent.name}/model", "other"]
     with pytest.raises(DataError, match="sum to 1"):
         merge_models([tiny_model_dir, other], [0.5, 0.6], tmp_path / "bad")
     with pytest.raises(DataError, match="one weight each"):

@@ -122,13 +122,19 @@ def merge_models(models: list[str | Path], weights: list[float], out: str | Path
         config.pop(key, None)
         if key in critic_config:
             config[key] = critic_config[key]
-    config["merged"] = {"models": [{"folder": folder.name, "hash": model_hash(folder)} for folder in folders],
+    config["merged"] = {"models": [{"folder": _run_name(folder), "hash": model_hash(folder)} for folder in folders],
                         "weights": [float(w) for w in weights], "critic_from": critic_from}
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     try:
         return export_model(staging, out, codecs=first, int8=int8)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _run_name(folder: Path) -> str:
+    """How a merged config names a model folder: its name, with its run's for a run's ``OUT/model`` (no path of
+    the merging machine)."""
+    return f"{folder.parent.name}/{folder.name}" if folder.name == "model" and folder.parent.name else folder.name
 
 
 def _check_codecs_fit(model_dir: Path, codecs: str | Path) -> None:
