@@ -75,6 +75,19 @@ def test_parser_reads_british_spellings_as_the_captions_american_ones():
     assert british is not None and british == parse_scene_caption("in the center, a large blue square")
 
 
+def test_parser_reads_a_relation_heard_as_and():
+    """Whisper hears eSpeak's "to the left of a" as "to the left and the": the attributes and the relation are all
+    there, so the caption rule reads them; a side with neither word after it states no relation."""
+    heard = parse_scene_caption("The picture shows a small purple triangle to the left and the large yellow circle.")
+    said = parse_scene_caption("the picture shows a small purple triangle to the left of a large yellow circle")
+    assert heard is not None and heard == said
+    assert scenes_equal(parse_scene_caption("a large green cross to the right and a large purple triangle"),
+                        parse_scene_caption("a large purple triangle to the left of a large green cross"))
+    assert parse_scene_caption("a small red circle on the left, a large blue square") is None  # no relation
+    assert parse_scene_caption("a small red circle on the left") == {  # one object: still a position
+        "objects": [{"shape": "circle", "color": "red", "size": "small", "position": "left"}], "relation": None}
+
+
 def test_heldout_pairs_never_in_train(tiny_scenes):
     def pairs(split):
         return {(o["color"], o["shape"]) for s in BuiltDataset(tiny_scenes, split) for o in s.meta["attributes"]["objects"]}

@@ -8,7 +8,7 @@
 #                                 fine-tune's captions from nothing turned to digits and joint fell)
 #                                 --clear-scenes N adds N more scenes (seed 1) spoken in the clear voice set
 #                                 (`unimodal data build --voices clear`: the voices the speech judge hears best,
-#                                 0.695 of test captions heard right against 0.495 for the varied ones)
+#                                 0.765 of test captions heard right against 0.515 for the varied ones)
 #   .gpu/wheels/                  diffusers (the version installed here) and what it needs that the machine lacks
 # then print the command that runs training/gpu_train.sh there. Run it from the repository root, on a machine
 # where `pip install -e .` has been done; the data build takes ~15 min for 40,000 scenes on two idle cores and

@@ -45,7 +45,7 @@ class VoiceSet:
 
 VOICE_SETS = {
     # Many voices: what audio->text and audio->image must understand. The speech judge (Whisper tiny.en) hears
-    # these clips as their own scene about half the time (`unimodal judges`: 0.495 of 200 test captions).
+    # these clips as their own scene about half the time (`unimodal judges`: 0.515 of 200 test captions).
     "varied": VoiceSet(tuple(f"{b}+{v}" for b in BASE_VOICES for v in VARIANTS), (140, 195), (30, 70), (30, 70)),
     # The voices the judge hears best, for speech the model should learn to produce: American English, a slow
     # rate, a middle pitch. Chosen on 60 validation captions per setting: en-us at 130 words a minute 0.87 heard
