@@ -45,10 +45,18 @@ version=$(python -c "import diffusers; print(diffusers.__version__)")
 python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$out/wheels" \
   "diffusers==$version" importlib_metadata
 du -sh "$out"
+# what a call carries: the tracked tree and the carried folder, against the 64 MiB limit
+tree_bytes=$(git ls-files -z | xargs -0 du -cb | tail -n 1 | cut -f1)
+out_bytes=$(du -sb "$out" | cut -f1)
+carried_mib=$(( (tree_bytes + out_bytes) / 1048576 ))
+fit="under the 64 MiB a call carries"
+if [ "$carried_mib" -ge 64 ]; then
+  fit="OVER the 64 MiB a call carries: move unimodal/default_model/{audio,image,text} out for the call (the run reads only the backbone and layout of --init-from; docs/gpu.md)"
+fi
 cat <<EOF
 
 Ready. On a lent GPU (device tool), one of:
-  continue the shipped model (it travels with the tree: ~60 MiB with $out, under the 64 MiB a call carries):
+  continue the shipped model (it travels with the tree: ${carried_mib} MiB with $out, $fit):
     run: bash training/gpu_train.sh --pack $out/train.pack.safetensors --wheels $out/wheels --out \$OUT --minutes 8.4 -- --preset small --init-from unimodal/default_model --batch-size 512 --steps 20000 --lr 1e-3 --warmup 200
          carry: ["$out"], timeout_s: 600
   or from scratch, with the shipped model moved out of the tree for the call (not needed there):
