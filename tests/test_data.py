@@ -147,6 +147,23 @@ def test_build_with_clear_voices_names_its_folder_and_says_so(tmp_path, monkeypa
     assert "--voices must be one of ['clear', 'varied']" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
+def test_build_reuse_keeps_a_complete_build_with_the_same_settings(tmp_path, capsys):
+    out = build("scenes", n=10, out=tmp_path / "s", speech=False, progress=False)
+    info = out / "info.json"
+    stamp = info.stat().st_mtime_ns
+    assert build("scenes", n=10, out=out, speech=False, progress=False, reuse=True) == out
+    assert info.stat().st_mtime_ns == stamp  # kept as it was
+    # other settings: built over, and the folder says so
+    build("scenes", n=10, out=out, speech=False, progress=False, reuse=True, pair_fraction=0.9)
+    assert json.loads(info.read_text())["pair_fraction"] == 0.9 and info.stat().st_mtime_ns != stamp
+    stamp = info.stat().st_mtime_ns
+    assert cli_main(["data", "build", "scenes", "--n", "10", "--no-speech", "--pair-fraction", "0.9", "--out", str(out),
+                     "--reuse"]) == 0
+    assert info.stat().st_mtime_ns == stamp and capsys.readouterr().out.strip() == str(out)
+    build("scenes", n=10, out=out, speech=False, progress=False, pair_fraction=0.9)  # without reuse: built again
+    assert info.stat().st_mtime_ns != stamp
+
+
 def test_speech_is_deterministic_and_voice_changes_it():
     v = Voice("en-us+f2", 150, 40, 60)
     a, b = synthesize("the digit seven", v), synthesize("the digit seven", v)

@@ -12,7 +12,7 @@
 #   .gpu/wheels/                  diffusers (the version installed here) and what it needs that the machine lacks
 # then print the command that runs training/gpu_train.sh there. Run it from the repository root, on a machine
 # where `pip install -e .` has been done; the data build takes ~15 min for 40,000 scenes on two idle cores and
-# is cached under ~/.cache/unimodal.
+# is cached under ~/.cache/unimodal (a complete build with the same settings is reused: `data build --reuse`).
 #
 #   training/gpu_prepare.sh [--scenes 40000] [--clear-scenes 0] [--digits-weight 4] [--codecs FOLDER] [--out .gpu]
 set -euo pipefail
@@ -31,11 +31,11 @@ cd "$(git rev-parse --show-toplevel)"
 grep -qxF "/$out/" .git/info/exclude 2>/dev/null || echo "/$out/" >> .git/info/exclude
 mkdir -p "$out/wheels"
 
-scenes_dir=$(unimodal data build scenes --n "$scenes" | tail -n 1)
-digits_dir=$(unimodal data build digits | tail -n 1)
+scenes_dir=$(unimodal data build scenes --n "$scenes" --reuse | tail -n 1)
+digits_dir=$(unimodal data build digits --reuse | tail -n 1)
 clear_dir=
 if [ "$clear_scenes" != 0 ]; then
-  clear_dir=$(unimodal data build scenes --n "$clear_scenes" --seed 1 --voices clear | tail -n 1)
+  clear_dir=$(unimodal data build scenes --n "$clear_scenes" --seed 1 --voices clear --reuse | tail -n 1)
 fi
 unimodal data pack --data "$scenes_dir${clear_dir:+,$clear_dir},$digits_dir:$digits_weight" ${codecs:+--codecs "$codecs"} --out "$out/train.pack.safetensors"
 

@@ -11,7 +11,7 @@ def _cmd_data_build(args) -> int:
     from unimodal.training.data.build import build
 
     out = build(args.name, n=args.n, seed=args.seed, out=args.out, speech=not args.no_speech,
-                pair_fraction=args.pair_fraction, voices=args.voices)
+                pair_fraction=args.pair_fraction, voices=args.voices, reuse=args.reuse)
     print(out)
     return 0
 
@@ -67,6 +67,8 @@ def add_data_commands(sub) -> None:
     build.add_argument("--voices", default="varied", help="the eSpeak voices the captions are spoken in: varied "
                        "(default; many voices, what audio inputs must understand) or clear (the few the speech judge "
                        "hears best); clear names the default folder -voicesclear")
+    build.add_argument("--reuse", action="store_true", help="keep the output folder as it is when it already holds "
+                       "a complete build with these settings (builds are deterministic)")
     build.set_defaults(func=_cmd_data_build)
     info = data.add_parser("info", help="print a built data set's info.json")
     info.add_argument("dir")

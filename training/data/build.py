@@ -72,8 +72,26 @@ def check_pair_fraction(name: str, pair_fraction) -> float | None:
     return float(pair_fraction)
 
 
+def _built_with(out: Path, **settings) -> bool:
+    """Whether ``out`` holds a complete build with these settings (an info.json is written last, on publish)."""
+    info_file = out / "info.json"
+    if not info_file.is_file():
+        return False
+    import json
+
+    info = json.loads(info_file.read_text())
+    wanted = {"name": settings["name"], "n": settings["n"], "seed": settings["seed"], "speech": settings["speech"]}
+    if settings["name"] == "scenes":
+        wanted["pair_fraction"] = settings["pair_fraction"]
+    # a build from before voice sets spoke every caption in the varied set
+    found_voices = info.get("voices", "varied") if info.get("speech") else None
+    return all(info.get(k) == v for k, v in wanted.items()) and found_voices == (
+        settings["voices"] if settings["speech"] else None)
+
+
 def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None = None, speech: bool = True,
-          progress: bool = True, pair_fraction: float | None = None, voices: str = "varied") -> Path:
+          progress: bool = True, pair_fraction: float | None = None, voices: str = "varied",
+          reuse: bool = False) -> Path:
     """Build data set ``name`` with ``n`` samples into ``out`` (default: the cache) and return the folder.
 
     ``pair_fraction`` (scenes only): the share of two-object scenes in every split (default
@@ -86,7 +104,9 @@ def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None
     another set names the default folder (``scenes-n40000-seed1-voicesclear``) and is written in ``info.json``.
 
     The build happens in a staging folder and is moved into place only when complete, so an interrupted
-    build never leaves a half-written data set behind.
+    build never leaves a half-written data set behind. ``reuse``: when ``out`` already holds a complete build of
+    the same set with the same settings (its ``info.json`` says so), return it as it is instead of building again
+    (builds are deterministic, so it is the same data); a folder built with other settings is built over.
     """
     if name not in BUILDERS:
         raise InputError(f"unknown data set {name!r}; the embedded ones are {sorted(BUILDERS)} "
@@ -110,6 +130,9 @@ def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None
         if voices != "varied":
             out = out.with_name(f"{out.name}-voices{voices}")
     out = Path(out)
+    if reuse and _built_with(out, name=name, n=n, seed=seed, speech=speech, pair_fraction=pair_fraction,
+                             voices=voices):
+        return out
     tmp = staging_dir(out)
     try:
         with tqdm(total=_total(name, n), desc=_bar_label(name, n), unit="sample", disable=not progress) as bar:
