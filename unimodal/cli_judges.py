@@ -27,12 +27,11 @@ def _cmd_judges(args) -> int:
               f"captions ({report['speech']['seconds_per_clip']:.2f} s per clip)")
         if "heard_right" in report["speech"]:
             speech = report["speech"]
-            parts = lambda key, fmt: ", ".join(fmt(k) + f" {v['heard_right']:.1%} of {v['clips']}"
-                                               for k, v in speech[key].items())
+            parts = lambda key: ", ".join(f"{k} {v['heard_right']:.1%} of {v['clips']}" for k, v in speech[key].items())
             print(f"              heard right (the transcript parses to the scene; the ceiling of text->audio, "
                   f"image->audio and joint speech): {speech['heard_right']:.1%}")
-            print(f"              by objects: {parts('heard_right_by_objects', lambda k: k)}")
-            print(f"              by voice: {parts('heard_right_by_voice', lambda k: k)}")
+            print(f"              by objects: {parts('heard_right_by_objects')}")
+            print(f"              by voice: {parts('heard_right_by_voice')}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -72,21 +72,18 @@ def check_pair_fraction(name: str, pair_fraction) -> float | None:
     return float(pair_fraction)
 
 
-def _built_with(out: Path, **settings) -> bool:
-    """Whether ``out`` holds a complete build with these settings (an info.json is written last, on publish)."""
+def _built_with(out: Path, settings: dict) -> bool:
+    """Whether ``out`` holds a complete build whose ``info.json`` says these settings (it is written last, on
+    publish)."""
     info_file = out / "info.json"
     if not info_file.is_file():
         return False
     import json
 
     info = json.loads(info_file.read_text())
-    wanted = {"name": settings["name"], "n": settings["n"], "seed": settings["seed"], "speech": settings["speech"]}
-    if settings["name"] == "scenes":
-        wanted["pair_fraction"] = settings["pair_fraction"]
-    # a build from before voice sets spoke every caption in the varied set
-    found_voices = info.get("voices", "varied") if info.get("speech") else None
-    return all(info.get(k) == v for k, v in wanted.items()) and found_voices == (
-        settings["voices"] if settings["speech"] else None)
+    if info.get("speech"):  # a build from before voice sets spoke every caption in the varied set
+        info.setdefault("voices", "varied")
+    return all(info.get(k) == v for k, v in settings.items())
 
 
 def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None = None, speech: bool = True,
@@ -130,8 +127,10 @@ def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None
         if voices != "varied":
             out = out.with_name(f"{out.name}-voices{voices}")
     out = Path(out)
-    if reuse and _built_with(out, name=name, n=n, seed=seed, speech=speech, pair_fraction=pair_fraction,
-                             voices=voices):
+    # what the build is made of, as info.json records it and --reuse compares it
+    settings = {"name": name, "n": n, "seed": seed, "speech": speech, **({"voices": voices} if speech else {}),
+                **({"pair_fraction": pair_fraction} if name == "scenes" else {})}
+    if reuse and _built_with(out, settings):
         return out
     tmp = staging_dir(out)
     try:
@@ -140,11 +139,9 @@ def build(name: str, n: int | None = None, seed: int = 0, out: str | Path | None
             splits = BUILDERS[name](n, seed, speech, bar, voices=voices, **options)
         for split, samples in splits.items():
             write_split(tmp, split, samples)
-        write_info(tmp, {"name": name, "n": n, "seed": seed, "speech": speech, "sample_rate": SAMPLE_RATE,
-                         "image_size": IMAGE_SIZE, "splits": {s: len(v) for s, v in splits.items()},
-                         **({"voices": voices} if speech else {}),
-                         **({"heldout_pairs": sorted(map(list, scenes.HELDOUT_PAIRS)), "pair_fraction": pair_fraction}
-                            if name == "scenes" else {})})
+        write_info(tmp, {**settings, "sample_rate": SAMPLE_RATE, "image_size": IMAGE_SIZE,
+                         "splits": {s: len(v) for s, v in splits.items()},
+                         **({"heldout_pairs": sorted(map(list, scenes.HELDOUT_PAIRS))} if name == "scenes" else {})})
         publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

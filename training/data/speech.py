@@ -77,14 +77,13 @@ class Voice:
     @staticmethod
     def random(rng: np.random.Generator, voices: str = "varied") -> "Voice":
         """A voice drawn from the set ``voices`` (:data:`VOICE_SETS`)."""
+        chosen = VOICE_SETS[check_voices(voices)]
         if voices == "varied":  # today's draws, in today's order: data sets built before voice sets rebuild the same
             base = BASE_VOICES[rng.integers(len(BASE_VOICES))]
             variant = VARIANTS[rng.integers(len(VARIANTS))]
             name = f"{base}+{variant}"
         else:
-            names = VOICE_SETS[check_voices(voices)].names
-            name = names[rng.integers(len(names))]
-        chosen = VOICE_SETS[voices]
+            name = chosen.names[rng.integers(len(chosen.names))]
         return Voice(
             name=name,
             rate=int(rng.integers(chosen.rate[0], chosen.rate[1] + 1)),
