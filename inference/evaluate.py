@@ -167,11 +167,12 @@ def candidates_used(pipe, direction: str, settings: Mapping) -> int:
 
 
 def generate_direction(pipe, direction: str, cases: Sequence[EvalCase], settings: dict, seed: int,
-                       batch_size: int = 16, progress: bool = True) -> tuple[list, float]:
+                       batch_size: int = 16, progress: bool = True, draws: list | None = None) -> tuple[list, float]:
     """The outputs for every case (request i seeded ``seed + i``) and the wall time per sample. A ``candidates``
     setting (> 1) draws that many per case (seeds ``seed + i``, ``seed + i + 1``, ...) and keeps the one the model
     reads back best (``UniModal.generate(candidates=)``), case by case (:func:`evaluate` passes what
-    :func:`candidates_used` says)."""
+    :func:`candidates_used` says). ``draws``: a list that gets, per case, every draw it chose from (seed order;
+    :meth:`UniModal.best_of`), for judging each."""
     from tqdm.auto import tqdm
 
     settings = dict(settings)
@@ -182,7 +183,12 @@ def generate_direction(pipe, direction: str, cases: Sequence[EvalCase], settings
     results, start = [], time.perf_counter()
     if candidates > 1:
         for request in tqdm(requests, desc=f"{direction} (best of {candidates})", disable=not progress, leave=False):
-            results.append(pipe.generate(**request, candidates=candidates, **settings))
+            if draws is None:
+                results.append(pipe.generate(**request, candidates=candidates, **settings))
+                continue
+            kept, drawn = pipe.best_of(candidates=candidates, **request, **settings)
+            results.append(kept)
+            draws.append(drawn)
     else:
         for first in tqdm(range(0, len(requests), batch_size), desc=direction, disable=not progress, leave=False):
             results += pipe.generate_batch(requests[first:first + batch_size], **settings)
@@ -333,16 +339,44 @@ def reference_figures(cases: Sequence[EvalCase], judges: Judges, progress: bool 
     return report
 
 
+def best_of_curve(draw_verdicts: Sequence[Sequence], agreements: Sequence[Sequence[float]],
+                  draw_passes: Sequence[float]) -> list[dict]:
+    """What a best-of-k would have judged, for every k up to the draws made, from one run that judged every draw:
+    per k, ``accuracy`` (per case the draw with the highest agreement among the first k kept, as
+    ``generate(candidates=k)`` keeps it: the same seeds, the same scores), ``any_right`` (some draw of the first k
+    judged right: what a perfect chooser would reach) and the mean ``forward_passes`` (k draws and k reads).
+    ``draw_verdicts``/``agreements``: per case, per draw (1 right, 0 wrong, None not judged); ``draw_passes``:
+    per case, the passes of one draw."""
+    draws = min(len(v) for v in draw_verdicts) if draw_verdicts else 0
+    curve = []
+    for k in range(1, draws + 1):
+        kept = [v[max(range(k), key=list(a).__getitem__)] for v, a in zip(draw_verdicts, agreements)]
+        judged = [x for x in kept if x is not None]
+        anyone = [max(x for x in v[:k] if x is not None) for v in draw_verdicts
+                  if any(x is not None for x in v[:k])]
+        curve.append({"k": k, "accuracy": float(np.mean(judged)) if judged else None,
+                      "any_right": float(np.mean(anyone)) if anyone else None,
+                      "forward_passes": float(np.mean(draw_passes)) * k + (k if k > 1 else 0)})
+    return curve
+
+
 def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECTIONS, settings: dict | None = None,
              seed: int = 0, judges: Judges | None = None, batch_size: int = 16, progress: bool = True,
              on_direction: Callable[[str, dict], None] | None = None, joint_n: int | None = None,
-             refine_rounds: int = 0) -> dict:
+             refine_rounds: int = 0, every_draw: bool = False) -> dict:
     """Generate and judge every direction; returns the report (figures, settings, samples for the grids).
     ``joint_n``: samples of joint generation (it reads no case, so it needs no more than a sample size);
     ``refine_rounds`` > 0: each output is then refined against its input (:func:`refine_direction`; joint, which
-    has no input, is not), and judged as refined."""
+    has no input, is not), and judged as refined; ``every_draw`` (with a ``candidates`` setting > 1): judge every
+    draw, not only the kept one, and report the best-of-k curve (:func:`best_of_curve`) as the direction's
+    ``best_of``: what each k from 1 to the candidates would have reached, from this one run."""
     if isinstance(refine_rounds, bool) or not isinstance(refine_rounds, int) or refine_rounds < 0:
         raise InputError(f"refine_rounds must be an int >= 0, got {refine_rounds!r}")
+    if every_draw and (settings or {}).get("candidates", 1) in (None, 1):
+        raise InputError("every_draw judges each of a case's candidates: give a candidates setting of 2 or more")
+    if every_draw and (settings or {}).get("accept_confidence") is not None:
+        raise InputError("every_draw judges all the candidates; accept_confidence stops after the first one: "
+                         "give one or the other")
     if not cases:
         raise InputError("unimodal eval needs at least one case")
     judges, settings = judges or Judges(), dict(settings or {})
@@ -355,8 +389,9 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
         if not usable:
             continue
         candidates = candidates_used(pipe, direction, settings)
+        draws = [] if every_draw and candidates > 1 else None
         results, wall = generate_direction(pipe, direction, usable, {**settings, "candidates": candidates}, seed,
-                                           batch_size, progress)
+                                           batch_size, progress, draws)
         refined = refine_rounds > 0 and direction != "joint"
         if refined:
             results, refine_wall = refine_direction(pipe, direction, usable, results, refine_rounds, seed, progress)
@@ -369,6 +404,16 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
             figures[direction]["candidates"] = candidates
             drawn = [(r.settings.get("candidates") or {}).get("drawn", 1) for r in results]
             figures[direction]["drawn_per_case"] = sum(drawn) / max(len(drawn), 1)
+        if draws:  # judged once per draw index: draw k of every case, with the judges' batching
+            per_draw = [verdicts_of([s.get("correct") for s in score_direction(direction, usable, [d[k] for d in draws],
+                                                                                judges)])
+                        for k in range(candidates)]
+            meta = [r.settings["candidates"] for r in results]
+            by_case = [[per_draw[k][i] for k in range(candidates)] for i in range(len(usable))]
+            figures[direction]["best_of"] = best_of_curve(by_case, [m["agreement"] for m in meta],
+                                                          [float(np.mean(m["draw_passes"])) for m in meta])
+            # per case, each draw's verdict and agreement: enough to replay another rule of keeping (a threshold)
+            figures[direction]["draws"] = [{"verdicts": v, "agreement": m["agreement"]} for v, m in zip(by_case, meta)]
         samples[direction] = (usable, results, scores)
         if on_direction is not None:
             on_direction(direction, figures[direction])
@@ -451,6 +496,13 @@ def format_table(report: dict) -> str:
     for direction, fig in report["figures"].items():
         if fig.get("sampler"):
             lines.append(f"  {direction} sampled with {json.dumps(fig['sampler'])}")
+    for direction, fig in report["figures"].items():
+        if fig.get("best_of"):
+            lines.append(f"{direction}, every draw judged: best of k (kept by agreement, as candidates=k keeps it), "
+                         f"and some draw of the k right")
+            lines.append(f"  {'k':>3} {'accuracy':>8} {'any right':>9} {'passes':>7}")
+            lines += [f"  {row['k']:>3} {_fmt(row['accuracy']):>8} {_fmt(row['any_right']):>9} "
+                      f"{row['forward_passes']:>7.1f}" for row in fig["best_of"]]
     return "\n".join(lines)
 
 

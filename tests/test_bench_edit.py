@@ -64,6 +64,7 @@ def test_speech_edits_run_through_the_speech_judge(tiny_caption_model_dir, tmp_p
     row = report["rows"][0]
     assert report["modality"] == "audio" and set(report["sampler"]) == {"regeneration", "read_back"}
     assert row.get("refused") or (row["outside_changed"] == 0 and len(row["regions"][0]) == 2)
+    assert isinstance(row["source_heard"], str) and (row.get("refused") or isinstance(row["heard"], str))
     assert "transcribed by the speech judge" in out
 
 

@@ -243,6 +243,46 @@ def test_eval_with_candidates_judges_the_kept_draw(caption_model, tmp_path, caps
     assert "needs candidates > 1" in capsys.readouterr().err
 
 
+def test_best_of_curve_keeps_the_draw_read_back_best_among_the_first_k():
+    from unimodal.inference.evaluate import best_of_curve
+
+    verdicts = [[0, 1, 1], [1, 0, 0], [None, 0, 1]]  # per case, per draw
+    agreements = [[-2.0, -1.0, -3.0], [-1.0, -0.5, -2.0], [-1.0, -2.0, -0.1]]
+    curve = best_of_curve(verdicts, agreements, [16, 16, 16])
+    assert [row["k"] for row in curve] == [1, 2, 3]
+    assert curve[0]["accuracy"] == 0.5  # case 3's first draw was not judged: 1 right of 2 judged
+    assert curve[1]["accuracy"] == 0.5  # case 1 keeps draw 2 (right), case 2 draw 2 (wrong), case 3 draw 1 (unjudged)
+    assert curve[2]["accuracy"] == pytest.approx(2 / 3)  # case 3 now keeps draw 3, right
+    assert [row["any_right"] for row in curve] == [0.5, pytest.approx(2 / 3), 1.0]
+    assert [row["forward_passes"] for row in curve] == [16, 34, 51]  # k draws, and k reads once there is a choice
+
+
+def test_eval_every_draw_judges_each_candidate_and_prints_the_curve(caption_model, tmp_path, capsys):
+    args = ["eval", "--model", str(caption_model), "--data", "scenes", "--n", "3", "--directions", "text->image",
+            "--steps", "2", "--candidates", "3", "--every-draw", "--out", str(tmp_path / "e")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    figure = json.loads((tmp_path / "e" / "eval.json").read_text())["figures"]["text->image"]
+    curve = figure["best_of"]
+    assert [row["k"] for row in curve] == [1, 2, 3] and "every draw judged" in out
+    assert curve[-1]["accuracy"] == figure["accuracy"]  # best of all 3 is what candidates=3 kept and judged
+    assert all(row["any_right"] >= row["accuracy"] for row in curve)
+    assert curve[0]["forward_passes"] < curve[1]["forward_passes"] < curve[2]["forward_passes"]
+    assert [len(case["verdicts"]) for case in figure["draws"]] == [3, 3, 3]
+    assert all(len(case["agreement"]) == 3 for case in figure["draws"])
+    one = json.loads(_eval_once(caption_model, tmp_path / "one"))["figures"]["text->image"]
+    assert curve[0]["accuracy"] == one["accuracy"]  # the first draw is the case's own seed, drawn alone
+    for bad, message in ((args[:-5] + ["--every-draw", "--out", str(tmp_path / "b")], "give --candidates N"),
+                         (args[:-2] + ["--accept-confidence", "-1", "--out", str(tmp_path / "c")], "one or the other")):
+        assert main(bad) == 2 and message in capsys.readouterr().err and not (tmp_path / bad[-1]).exists()
+
+
+def _eval_once(model, out) -> str:
+    assert main(["eval", "--model", str(model), "--data", "scenes", "--n", "3", "--directions", "text->image",
+                 "--steps", "2", "--out", str(out)]) == 0
+    return (out / "eval.json").read_text()
+
+
 def test_eval_refine_rounds_judges_each_output_as_refined(caption_model, tmp_path, capsys, monkeypatch):
     """--refine-rounds refines every case's output against its own input (seeded as its request), with refine's
     defaults, and the figures count the refine's passes; joint (no input) is not refined."""

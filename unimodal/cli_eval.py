@@ -33,6 +33,11 @@ def _cmd_eval(args) -> int:
     settings = _settings(args)
     if args.refine_rounds < 0:
         raise InputError(f"--refine-rounds must be a whole number >= 0, got {args.refine_rounds}")
+    if args.every_draw and (args.candidates or 1) < 2:
+        raise InputError("--every-draw judges each of a case's candidates: give --candidates N with N >= 2")
+    if args.every_draw and args.accept_confidence is not None:
+        raise InputError("--every-draw judges all the candidates; --accept-confidence stops after the first: "
+                         "give one or the other")
     model_dir = resolve_model_dir(args.model)
     pipe = load_pipeline(model_dir, args.device)
     needs_speech = any("audio" in d or d == "joint" for d in directions)
@@ -41,7 +46,7 @@ def _cmd_eval(args) -> int:
         print(f"note: {note}", file=sys.stderr)
     report = evaluate(pipe, cases, directions, settings, seed=args.seed, batch_size=args.batch_size,
                       on_direction=lambda d, f: print(f"done: {d}", file=sys.stderr, flush=True),
-                      joint_n=args.joint_n, refine_rounds=args.refine_rounds)
+                      joint_n=args.joint_n, refine_rounds=args.refine_rounds, every_draw=args.every_draw)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), data=args.data, split=args.split,
                   n_per_data_set=args.n, joint_n=args.joint_n, notes=notes)
     print(format_table(report))
@@ -96,6 +101,8 @@ def add_eval_command(sub) -> None:
                     "(captions by default), are sampled once")
     ev.add_argument("--accept-confidence", type=float, default=None, help="with --candidates: keep a case's first "
                     "draw when its confidence score (mean log-probability, e.g. -0.1) reaches this, else draw them all")
+    ev.add_argument("--every-draw", action="store_true", help="with --candidates N: judge every draw, not only "
+                    "the kept one, and print what best-of-k reaches for each k up to N (one run, N draws a case)")
     ev.add_argument("--refine-rounds", type=int, default=0, help="then refine each output against its input for "
                     "up to this many rounds, with refine's defaults for that output (a caption read from a picture: "
                     "doubtful words redrawn and kept by agreement), and judge it as refined; joint is not refined")

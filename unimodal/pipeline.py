@@ -293,10 +293,24 @@ class UniModal(DiffusionPipeline):
             return self.generate_batch([request], seed=seed, progress=progress, **sampling)[0]
         return self._best_of(request, candidates, seed, progress, sampling, accept_confidence)
 
+    def best_of(self, candidates: int, seed: int | None = 0, progress: bool = False, text=None, image=None,
+                audio=None, to: str | Sequence[str] = "image", max_text_tokens: int | None = None,
+                max_audio_seconds: float | None = None, **sampling) -> tuple[GenerationResult, list[GenerationResult]]:
+        """What :meth:`generate` with ``candidates`` returns, and every draw it chose from (seed order; the kept
+        one is the returned result itself, its ``forward_passes`` counting all draws and reads). For benchmarks
+        that judge each draw: one run then gives the accuracy of best-of-k for every k up to ``candidates``
+        (``unimodal eval --candidates N --every-draw``). ``sampling``: :meth:`generate`'s sampler settings."""
+        request = dict(text=text, image=image, audio=audio, to=to, max_text_tokens=max_text_tokens,
+                       max_audio_seconds=max_audio_seconds)
+        if check_candidates(candidates) < 2:
+            raise SettingError(f"best_of chooses among draws: candidates must be >= 2, got {candidates}")
+        return self._best_of(request, candidates, seed, progress, sampling, keep_draws=True)
+
     def _best_of(self, request: dict, candidates: int, seed: int | None, progress: bool,
-                 sampling: Mapping, accept_confidence: float | None = None) -> GenerationResult:
+                 sampling: Mapping, accept_confidence: float | None = None, keep_draws: bool = False):
         """``candidates`` draws of one request, the one whose inputs the model reads back best kept; with
-        ``accept_confidence``, the first alone when its confidence score reaches it."""
+        ``accept_confidence``, the first alone when its confidence score reaches it. ``keep_draws``: return
+        (the kept result, every draw) instead of the kept result alone."""
         from unimodal.inference.critique import DEFAULT_GROUPS, agreement_score, confidence_scores, sample_score
         from unimodal.refine import draft_of
 
@@ -325,7 +339,7 @@ class UniModal(DiffusionPipeline):
                 first.forward_passes += checked
                 first.settings = {**first.settings, "candidates": {"n": candidates, "drawn": 1, "kept": 0,
                                                                    "seeds": [seed], **check}}
-                return first
+                return (first, draws) if keep_draws else first
             rest = self.generate_batch(requests[1:], progress=progress, **sampling)
             with self._lock:
                 drafts += [draft_of(self, draw, inputs) for draw in rest]
@@ -334,12 +348,13 @@ class UniModal(DiffusionPipeline):
             read = [agreement_score(self.backbone, self.layout, draft) for draft in drafts]
         scores = [score for score, _ in read]
         kept = max(range(candidates), key=scores.__getitem__)
+        passes = [d.forward_passes for d in draws]  # each draw's own, before the kept one counts them all
         best = draws[kept]
         best.forward_passes = sum(d.forward_passes for d in draws) + sum(calls for _, calls in read) + checked
         best.settings = {**best.settings, "candidates": {"n": candidates, "drawn": candidates, "kept": kept,
                          "seeds": [seed + k for k in range(candidates)], "agreement": [round(v, 6) for v in scores],
-                         **check}}
-        return best
+                         "draw_passes": passes, **check}}
+        return (best, draws) if keep_draws else best
 
     def draws_differ(self, to: str | Sequence[str] = "image", **settings) -> bool:
         """Whether two seeds can give different outputs for a request generating ``to`` with these sampling
