@@ -527,7 +527,35 @@ def save_report(report: dict, out: str | Path, grid_size: int = 16) -> list[Path
         written.append(sample_grid(direction, cases[:grid_size], results[:grid_size], scores[:grid_size],
                                    out / f"grid_{name}.png"))
         written += _save_clips(results[:2], out / f"{name}")
+        if report["figures"].get(direction, {}).get("best_of"):
+            written.append(plot_best_of(direction, report["figures"][direction]["best_of"],
+                                        out / f"best_of_{name}.png"))
     return written
+
+
+def plot_best_of(direction: str, curve: Sequence[dict], path: Path) -> Path:
+    """``best_of_<direction>.png``: judged accuracy of best-of-k (kept by agreement) and of a perfect chooser
+    (some draw of the k right) against the forward passes each k costs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    passes = [row["forward_passes"] for row in curve]
+    figure, axis = plt.subplots(figsize=(5.5, 3.6), dpi=100)
+    axis.plot(passes, [row["accuracy"] for row in curve], "o-", label="best of k, kept by agreement")
+    axis.plot(passes, [row["any_right"] for row in curve], "s--", color="grey", label="some draw of the k right")
+    for row, x in zip(curve, passes):
+        axis.annotate(f"k={row['k']}", (x, row["accuracy"]), textcoords="offset points", xytext=(2, -12), fontsize=7)
+    axis.set_xlabel("forward passes per case")
+    axis.set_ylabel("judged right")
+    axis.set_title(f"{direction}: every draw judged", fontsize=10)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return path
 
 
 def _save_clips(results: Sequence, stem: Path) -> list[Path]:

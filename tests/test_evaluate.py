@@ -269,6 +269,7 @@ def test_eval_every_draw_judges_each_candidate_and_prints_the_curve(caption_mode
     assert all(row["any_right"] >= row["accuracy"] for row in curve)
     assert curve[0]["forward_passes"] < curve[1]["forward_passes"] < curve[2]["forward_passes"]
     assert [len(case["verdicts"]) for case in figure["draws"]] == [3, 3, 3]
+    assert (tmp_path / "e" / "best_of_text_to_image.png").stat().st_size > 0 and "best_of_text_to_image.png" in out
     assert all(len(case["agreement"]) == 3 for case in figure["draws"])
     one = json.loads(_eval_once(caption_model, tmp_path / "one"))["figures"]["text->image"]
     assert curve[0]["accuracy"] == one["accuracy"]  # the first draw is the case's own seed, drawn alone

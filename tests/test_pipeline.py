@@ -409,6 +409,19 @@ def test_candidates_keep_the_draw_that_agrees_best_with_the_input(pipe):
             pipe.generate(text="a red circle", to="image", candidates=bad)
 
 
+def test_best_of_returns_every_draw_it_chose_from(pipe):
+    """best_of: generate(candidates=N)'s result and its N draws in seed order, each the output of its own seed."""
+    kept, draws = pipe.best_of(3, text="a red circle", to="image", steps=4, seed=5)
+    again = pipe.generate(text="a red circle", to="image", steps=4, seed=5, candidates=3)
+    chosen = kept.settings["candidates"]
+    assert kept.token_ids == again.token_ids and chosen == again.settings["candidates"]
+    assert len(draws) == 3 and draws[chosen["kept"]] is kept
+    assert draws[1].token_ids == pipe.generate(text="a red circle", to="image", steps=4, seed=6).token_ids
+    assert chosen["draw_passes"] == [4, 4, 4] and kept.forward_passes == 3 * 4 + 3
+    with pytest.raises(SettingError, match="candidates must be >= 2"):
+        pipe.best_of(1, text="a red circle", to="image")
+
+
 def test_generate_refine_is_refine_of_the_output_against_its_inputs(pipe, tmp_path):
     """refine=N: the output, then N rounds of refine against the inputs with refine's own defaults (a caption read
     from a picture gets the caption recipe), exactly what calling refine on it gives; its passes counted and what
