@@ -617,7 +617,8 @@ def plot_refine(reports: Sequence[dict], path) -> Path:
                              else ("picture", "scene judge", "captions"))
     axis.set_xlabel(f"forward passes per {output} (mean)")
     axis.set_ylabel(f"judged accuracy ({judge})")
-    axis.set_title(f"{direction}, n={reports[0]['n']} test {inputs}, seed {reports[0]['seed']}", fontsize=10)
+    split = reports[0].get("split", "test")  # the held-out split is not the test split: say which
+    axis.set_title(f"{direction}, n={reports[0]['n']} {split} {inputs}, seed {reports[0]['seed']}", fontsize=10)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
     figure.tight_layout()
