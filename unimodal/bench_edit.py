@@ -108,28 +108,27 @@ def _target_scene(truth: dict, instruction: str, modality: str) -> dict:
 ATTRIBUTE = {"colour": "color", "size": "size", "shape": "shape", "position": "position"}
 
 
-def _judge(judge, modality: str, content, scene: dict, change: str = "colour", index: int = 0,
-           heard_by: dict | None = None) -> tuple[bool, bool]:
-    """(every attribute right, the asked attribute right) of a picture, speech or caption against ``scene``:
-    the scene judge for pictures (the asked attribute of object ``index`` only: the one the edit changed);
-    speech is transcribed by the speech judge, and speech and captions are parsed by the caption grammar
-    (their asked attribute: the first object's colour). ``heard_by``: a dict that gets the judge's transcript
-    of speech under ``"heard"`` (what a reader of the report needs to see why a spoken edit failed)."""
+def _judge(judge, modality: str, content, scene: dict, change: str = "colour",
+           index: int = 0) -> tuple[bool, bool, dict]:
+    """(every attribute right, the asked attribute right, extra row fields) of a picture, speech or caption against
+    ``scene``: the scene judge for pictures (the asked attribute of object ``index`` only: the one the edit
+    changed); speech is transcribed by the speech judge, and speech and captions are parsed by the caption grammar
+    (their asked attribute: the first object's colour). The extra fields of speech: ``{"heard": transcript}``
+    (what a reader of the report needs to see why a spoken edit failed)."""
     from unimodal.core.grammar import parse_scene_caption, scenes_equal
 
     if modality == "image":
         score = judge.score(content, scene)
         attribute = ATTRIBUTE[change]
         asked = score[attribute] if attribute == "position" else score["per_object"][attribute][index]
-        return bool(score["correct"]), bool(asked)
+        return bool(score["correct"]), bool(asked), {}
     said = judge.transcribe(content) if modality == "audio" else content
-    if heard_by is not None and modality == "audio":
-        heard_by["heard"] = said
+    extra = {"heard": said} if modality == "audio" else {}
     heard = parse_scene_caption(said)
     if heard is None:
-        return False, False
+        return False, False, extra
     first = heard["objects"][0] if heard.get("objects") else {}
-    return scenes_equal(scene, heard), first.get("color") == scene["objects"][0]["color"]
+    return scenes_equal(scene, heard), first.get("color") == scene["objects"][0]["color"], extra
 
 
 def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modality: str = "image",
@@ -137,12 +136,10 @@ def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modalit
     """One case's row: the instruction, the judge's and the self-check's verdicts, codes changed, passes."""
     instruction = edit_instruction(case.truth, k, modality, change)
     source = getattr(case, modality)  # the case's picture, clip or caption
-    source_heard, edit_heard = {}, {}  # the speech judge's transcripts (speech only)
+    source_right, _, source_extra = _judge(judge, modality, source, case.truth)
     row = {"case": k, "caption": case.text, "objects": len(case.truth["objects"]), "instruction": instruction,
-           "seed": seed + k, "source_judged_right": _judge(judge, modality, source, case.truth,
-                                                           heard_by=source_heard)[0]}
-    if source_heard:
-        row["source_heard"] = source_heard["heard"]
+           "seed": seed + k, "source_judged_right": source_right,
+           **{f"source_{key}": value for key, value in source_extra.items()}}
     start = time.perf_counter()
     try:
         edited, trace = pipe.edit((source, SAMPLE_RATE) if modality == "audio" else source, instruction=instruction,
@@ -155,15 +152,14 @@ def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modalit
                 "seconds": round(time.perf_counter() - start, 2)}
     plan = trace["plan"]
     target = plan.get("target_attributes") or _target_scene(case.truth, instruction, modality)
-    right, asked = _judge(judge, modality, getattr(edited, modality), target, change, plan.get("object", 0),
-                          heard_by=edit_heard)
+    right, asked, extra = _judge(judge, modality, getattr(edited, modality), target, change, plan.get("object", 0))
     region_key = next(key for key, kind in REGION_KEYS.items() if kind == modality)
     return {**row, "target": plan["target"], "judged_right": right, "asked_right": asked,
             "verdict": bool(trace["check"]["parses_to_target"]), "read_back": trace["check"]["read_back"],
             "outside_changed": trace["tokens_changed"]["outside"], "inside": trace["tokens_changed"]["inside"],
             "regions": [r[region_key] for r in plan["regions"]], "located_by": plan["located_by"],
             "passes": trace["forward_passes"], "candidates": plan.get("candidates"), "draft": plan.get("draft"),
-            "touch_up": plan.get("touch_up"), "seconds": round(time.perf_counter() - start, 2), **edit_heard}
+            "touch_up": plan.get("touch_up"), "seconds": round(time.perf_counter() - start, 2), **extra}
 
 
 def summarise(rows: Sequence[dict]) -> dict:
