@@ -360,6 +360,19 @@ def best_of_curve(draw_verdicts: Sequence[Sequence], agreements: Sequence[Sequen
     return curve
 
 
+def check_every_draw(every_draw: bool, candidates: int | None, accept_confidence: float | None) -> None:
+    """Refuse ``every_draw`` (``--every-draw``) without candidates to judge, or beside ``accept_confidence``, which
+    stops after the first draw; the CLI calls it before the model loads, :func:`evaluate` for Python callers."""
+    if not every_draw:
+        return
+    if (candidates or 1) < 2:
+        raise InputError("every_draw (--every-draw) judges each of a case's candidates: give --candidates N "
+                         "(candidates=N) with N >= 2")
+    if accept_confidence is not None:
+        raise InputError("every_draw (--every-draw) judges all the candidates; accept_confidence "
+                         "(--accept-confidence) stops after the first: give one or the other")
+
+
 def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECTIONS, settings: dict | None = None,
              seed: int = 0, judges: Judges | None = None, batch_size: int = 16, progress: bool = True,
              on_direction: Callable[[str, dict], None] | None = None, joint_n: int | None = None,
@@ -372,11 +385,7 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
     ``best_of``: what each k from 1 to the candidates would have reached, from this one run."""
     if isinstance(refine_rounds, bool) or not isinstance(refine_rounds, int) or refine_rounds < 0:
         raise InputError(f"refine_rounds must be an int >= 0, got {refine_rounds!r}")
-    if every_draw and (settings or {}).get("candidates", 1) in (None, 1):
-        raise InputError("every_draw judges each of a case's candidates: give a candidates setting of 2 or more")
-    if every_draw and (settings or {}).get("accept_confidence") is not None:
-        raise InputError("every_draw judges all the candidates; accept_confidence stops after the first one: "
-                         "give one or the other")
+    check_every_draw(every_draw, (settings or {}).get("candidates"), (settings or {}).get("accept_confidence"))
     if not cases:
         raise InputError("unimodal eval needs at least one case")
     judges, settings = judges or Judges(), dict(settings or {})
@@ -404,10 +413,11 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
             figures[direction]["candidates"] = candidates
             drawn = [(r.settings.get("candidates") or {}).get("drawn", 1) for r in results]
             figures[direction]["drawn_per_case"] = sum(drawn) / max(len(drawn), 1)
-        if draws:  # judged once per draw index: draw k of every case, with the judges' batching
-            per_draw = [verdicts_of([s.get("correct") for s in score_direction(direction, usable, [d[k] for d in draws],
-                                                                                judges)])
-                        for k in range(candidates)]
+        if draws:
+            per_draw = []  # per draw index k, the verdicts of draw k of every case (judged together: the judges batch)
+            for k in range(candidates):
+                judged = score_direction(direction, usable, [drawn[k] for drawn in draws], judges)
+                per_draw.append(verdicts_of([score.get("correct") for score in judged]))
             meta = [r.settings["candidates"] for r in results]
             by_case = [[per_draw[k][i] for k in range(candidates)] for i in range(len(usable))]
             figures[direction]["best_of"] = best_of_curve(by_case, [m["agreement"] for m in meta],
@@ -572,7 +582,7 @@ def _json_default(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-__all__ = ["DIRECTIONS", "EvalCase", "Judges", "caption_correct", "compare_reports", "evaluate", "format_comparison",
-           "format_table", "joint_consistency",
+__all__ = ["DIRECTIONS", "EvalCase", "Judges", "best_of_curve", "caption_correct", "check_every_draw",
+           "compare_reports", "evaluate", "format_comparison", "format_table", "joint_consistency", "plot_best_of",
            "judge_image", "model_hash", "paired_difference", "parse_direction", "reference_figures", "save_report",
            "score_direction", "shell_hint", "summarize", "verdicts_of"]

@@ -25,7 +25,8 @@ def _directions(text: str, known) -> list[str]:
 
 
 def _cmd_eval(args) -> int:
-    from unimodal.inference.evaluate import DIRECTIONS, evaluate, format_table, model_hash, save_report
+    from unimodal.inference.evaluate import (DIRECTIONS, check_every_draw, evaluate, format_table, model_hash,
+                                             save_report)
     from unimodal.eval_cases import load_cases
     from unimodal.serve import load_pipeline, resolve_model_dir
 
@@ -33,11 +34,7 @@ def _cmd_eval(args) -> int:
     settings = _settings(args)
     if args.refine_rounds < 0:
         raise InputError(f"--refine-rounds must be a whole number >= 0, got {args.refine_rounds}")
-    if args.every_draw and (args.candidates or 1) < 2:
-        raise InputError("--every-draw judges each of a case's candidates: give --candidates N with N >= 2")
-    if args.every_draw and args.accept_confidence is not None:
-        raise InputError("--every-draw judges all the candidates; --accept-confidence stops after the first: "
-                         "give one or the other")
+    check_every_draw(args.every_draw, args.candidates, args.accept_confidence)  # before the model loads
     model_dir = resolve_model_dir(args.model)
     pipe = load_pipeline(model_dir, args.device)
     needs_speech = any("audio" in d or d == "joint" for d in directions)

@@ -244,8 +244,8 @@ class UniModal(DiffusionPipeline):
         the one that agrees best with the inputs, read back by the same model (the prompt's log-probability when
         the model reads it from each output: :func:`unimodal.inference.critique.agreement_score`, one forward
         pass each). ``result.settings["candidates"]`` holds every candidate's seed, score and passes (``seeds``,
-        ``agreement``, ``draw_passes``), how many were ``drawn`` and which was ``kept``; ``forward_passes`` counts all of them. Needs an
-        input to agree with.
+        ``agreement``, ``draw_passes``), how many were ``drawn`` and which was ``kept``; ``forward_passes`` counts
+        all of them. Needs an input to agree with.
 
         ``accept_confidence`` (with ``candidates`` > 1): draw the first alone and keep it, drawing no more, when the
         model is sure of it: its confidence score (the mean log-probability of its tokens, each re-masked in 4
