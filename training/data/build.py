@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -78,8 +79,6 @@ def _built_with(out: Path, settings: dict) -> bool:
     info_file = out / "info.json"
     if not info_file.is_file():
         return False
-    import json
-
     info = json.loads(info_file.read_text())
     if info.get("speech"):  # a build from before voice sets spoke every caption in the varied set
         info.setdefault("voices", "varied")
