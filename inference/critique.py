@@ -39,6 +39,8 @@ from unimodal.core.errors import InputError
 CRITICS = ("learned", "confidence", "content", "content+learned", "random")
 CONTENT_CRITICS = ("content", "content+learned")  # the names made into a ContentCritic (they decode codes)
 HEAD_CRITICS = ("learned", "content+learned")  # the names that read the critic head (a trained one)
+AGREEMENT_READINGS = ("joint", "each")  # how agreement_score reads the request back: all at once, or word by word
+EACH_MAX_GROUPS = 32  # "each" reading: one pass per request token up to this many (a caption has fewer)
 DEFAULT_GROUPS = 4  # re-masking a quarter at a time keeps 3/4 of the context for each scored token
 DEFAULT_FRACTION = 0.25  # at most this share of a modality's tokens is flagged per critique
 DEFAULT_THRESHOLD = 0.5  # and only tokens scored below this: a confident critic flags nothing
@@ -256,23 +258,36 @@ def callable_scores(critic: Callable, layout: Layout, draft: Draft) -> tuple[dic
     return checked, 0
 
 
-def agreement_score(model, layout: Layout, draft: Draft, cfg=None) -> tuple[float, int]:
+def agreement_score(model, layout: Layout, draft: Draft, cfg=None, reading: str = "joint") -> tuple[float, int]:
     """How well the draft says what it was asked for, read back by the same model: the draft's content becomes
-    the condition and its conditions (the request) the target, every request token masked at once; the score is
-    the mean log-probability the model gives the request's tokens (one model call). A picture that shows "a red
-    circle" makes "red" and "circle" likely; one that shows a red blob does not. Needs a draft with conditions.
+    the condition and its conditions (the request) the target; the score is the mean log-probability the model
+    gives the request's tokens. A picture that shows "a red circle" makes "red" and "circle" likely; one that
+    shows a red blob does not. Needs a draft with conditions. Returns (score, forward passes).
+
+    ``reading``: ``"joint"``: every request token masked at once (one pass): the model reads the whole request
+    from the draft alone, its wording included ("the number ... written by hand"), so the score also says how
+    likely that wording is for the picture. ``"each"``: each request token masked alone, the rest of the request
+    in view (a pass per token, at most :data:`EACH_MAX_GROUPS`; beyond that every G-th token together): the
+    template words are then near certain and the score is decided by the words that name the content ("seven",
+    "red" beside "circle"), a check of each word against the draft.
 
     Why not the confidence score to compare two drafts of one request: it says how sure the model was of its
     own tokens, not whether they show what was asked; on 64 test scenes with 4 pictures each (shipped model),
-    it ranked a judged-right picture above a judged-wrong one of the same request in 46% of pairs, this score in
-    72% (docs/results.md, "Keeping a round by agreement")."""
+    it ranked a judged-right picture above a judged-wrong one of the same request in 46% of pairs, the joint
+    reading in 72% (docs/results.md, "Keeping a round by agreement")."""
+    if reading not in AGREEMENT_READINGS:
+        raise InputError(f"reading must be one of {AGREEMENT_READINGS}, got {reading!r}")
     if not draft.conditions:
         raise InputError("the agreement score reads the request back from the draft; this draft was generated "
                          "from no input (nothing to agree with)")
     tokens = draft.tokens(layout)
-    reading = make_draft(layout, [(m, tokens[m]) for m in MODALITIES if m in tokens],
-                         {m: ids for m, ids in draft.conditions})
-    scores, calls = confidence_scores(model, layout, reading, 1, cfg)
+    reading_draft = make_draft(layout, [(m, tokens[m]) for m in MODALITIES if m in tokens],
+                               {m: ids for m, ids in draft.conditions})
+    groups = 1
+    if reading == "each":
+        longest = max(len(where) for where in reading_draft.content_positions(layout).values())
+        groups = max(1, min(longest, EACH_MAX_GROUPS))
+    scores, calls = confidence_scores(model, layout, reading_draft, groups, cfg)
     return sample_score(scores), calls
 
 
@@ -489,6 +504,6 @@ def remasked(layout: Layout, draft: Draft, selection: Mapping[str, torch.Tensor]
     return ids
 
 
-__all__ = ["CONFIDENCE_THRESHOLDS", "CONTENT_CRITICS", "CRITICS", "HEAD_CRITICS", "Draft", "TargetForward", "agreement_score", "confidence_scores", "content_with_head_scores", "flagged", "flags_of", "learned_scores", "make_critic",
+__all__ = ["AGREEMENT_READINGS", "CONFIDENCE_THRESHOLDS", "CONTENT_CRITICS", "CRITICS", "HEAD_CRITICS", "Draft", "EACH_MAX_GROUPS", "TargetForward", "agreement_score", "confidence_scores", "content_with_head_scores", "flagged", "flags_of", "learned_scores", "make_critic",
            "make_draft", "random_scores", "region_indices", "regions_from_flags", "remasked", "sample_score",
            "selection_of", "text_offsets", "thresholds_for"]

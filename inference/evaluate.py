@@ -155,6 +155,9 @@ def eval_requests(direction: str, cases: Sequence[EvalCase], seed: int) -> list[
     return requests
 
 
+CHOOSING_SETTINGS = ("candidates", "accept_confidence", "agreement")  # how to choose among draws, not how to draw
+
+
 def candidates_used(pipe, direction: str, settings: Mapping) -> int:
     """Draws per case for ``direction``: the ``candidates`` setting, except 1 for the joint direction (it reads no
     input to agree with) and for a direction sampled greedily (temperature 0 and no choice noise, the default
@@ -162,7 +165,7 @@ def candidates_used(pipe, direction: str, settings: Mapping) -> int:
     candidates = settings.get("candidates") or 1
     if candidates == 1 or direction == "joint":
         return 1
-    sampling = {k: v for k, v in settings.items() if k not in ("candidates", "accept_confidence")}
+    sampling = {k: v for k, v in settings.items() if k not in CHOOSING_SETTINGS}
     return candidates if pipe.draws_differ(list(parse_direction(direction)[1]), **sampling) else 1
 
 
@@ -177,8 +180,8 @@ def generate_direction(pipe, direction: str, cases: Sequence[EvalCase], settings
 
     settings = dict(settings)
     candidates = settings.pop("candidates", None) or 1
-    if candidates == 1:
-        settings.pop("accept_confidence", None)  # it chooses among candidates: one draw has none to choose
+    if candidates == 1:  # they choose among candidates: one draw has none to choose
+        settings = {k: v for k, v in settings.items() if k not in CHOOSING_SETTINGS}
     requests = eval_requests(direction, cases, seed)
     results, start = [], time.perf_counter()
     if candidates > 1:
@@ -340,13 +343,13 @@ def reference_figures(cases: Sequence[EvalCase], judges: Judges, progress: bool 
 
 
 def best_of_curve(draw_verdicts: Sequence[Sequence], agreements: Sequence[Sequence[float]],
-                  draw_passes: Sequence[float]) -> list[dict]:
+                  draw_passes: Sequence[float], read_passes: float = 1) -> list[dict]:
     """What a best-of-k would have judged, for every k up to the draws made, from one run that judged every draw:
     per k, ``accuracy`` (per case the draw with the highest agreement among the first k kept, as
     ``generate(candidates=k)`` keeps it: the same seeds, the same scores), ``any_right`` (some draw of the first k
     judged right: what a perfect chooser would reach) and the mean ``forward_passes`` (k draws and k reads).
     ``draw_verdicts``/``agreements``: per case, per draw (1 right, 0 wrong, None not judged); ``draw_passes``:
-    per case, the passes of one draw."""
+    per case, the passes of one draw; ``read_passes``: the passes of one read (the agreement reading's)."""
     draws = min(len(v) for v in draw_verdicts) if draw_verdicts else 0
     curve = []
     for k in range(1, draws + 1):
@@ -356,8 +359,29 @@ def best_of_curve(draw_verdicts: Sequence[Sequence], agreements: Sequence[Sequen
                   if any(x is not None for x in v[:k])]
         curve.append({"k": k, "accuracy": float(np.mean(judged)) if judged else None,
                       "any_right": float(np.mean(anyone)) if anyone else None,
-                      "forward_passes": float(np.mean(draw_passes)) * k + (k if k > 1 else 0)})
+                      "forward_passes": float(np.mean(draw_passes)) * k + (read_passes * k if k > 1 else 0)})
     return curve
+
+
+def every_draw_figures(by_draw: Sequence[Sequence[dict]], meta: Sequence[Mapping]) -> dict:
+    """A direction's ``--every-draw`` figures from every draw's scores (``by_draw[k][i]``: draw k of case i) and
+    each kept result's ``settings["candidates"]`` (``meta``, from :meth:`UniModal.best_of`): ``best_of``, the
+    curve of the reading that chose (``reading``); ``best_of_by_reading``, the curve had each reading chosen;
+    ``draws``, per case each draw's verdict and scores, enough to replay another rule of keeping."""
+    per_draw = [verdicts_of([score.get("correct") for score in judged]) for judged in by_draw]
+    by_case = [[per_draw[k][i] for k in range(len(by_draw))] for i in range(len(meta))]
+    draw_passes = [float(np.mean(m["draw_passes"])) for m in meta]
+    readings = list(meta[0].get("by_reading") or {}) if meta else []
+    curves = {r: best_of_curve(by_case, [m["by_reading"][r]["agreement"] for m in meta], draw_passes,
+                               float(np.mean([m["by_reading"][r]["read_passes"] for m in meta]))) for r in readings}
+    chosen = meta[0].get("reading") if meta else None
+    figures = {"reading": chosen,
+               "best_of": curves.get(chosen) or best_of_curve(by_case, [m["agreement"] for m in meta], draw_passes),
+               "best_of_by_reading": curves,
+               "draws": [{"verdicts": v, "agreement": m["agreement"],
+                          **({"by_reading": {r: m["by_reading"][r]["agreement"] for r in readings}} if readings else {})}
+                         for v, m in zip(by_case, meta)]}
+    return figures
 
 
 def check_every_draw(every_draw: bool, candidates: int | None, accept_confidence: float | None) -> None:
@@ -405,7 +429,14 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
         if refined:
             results, refine_wall = refine_direction(pipe, direction, usable, results, refine_rounds, seed, progress)
             wall += refine_wall
-        scores = score_direction(direction, usable, results, judges)
+        by_draw = []  # every draw's scores: [draw k][case i]
+        if draws:  # judged together per draw index (the judges batch)
+            by_draw = [score_direction(direction, usable, [drawn[k] for drawn in draws], judges)
+                       for k in range(candidates)]
+        if by_draw and not refined:  # the kept draw's scores are among them: not judged twice
+            scores = [by_draw[r.settings["candidates"]["kept"]][i] for i, r in enumerate(results)]
+        else:
+            scores = score_direction(direction, usable, results, judges)
         figures[direction] = summarize(direction, usable, results, scores, wall)
         if refined:
             figures[direction]["refine_rounds"] = refine_rounds
@@ -413,17 +444,8 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
             figures[direction]["candidates"] = candidates
             drawn = [(r.settings.get("candidates") or {}).get("drawn", 1) for r in results]
             figures[direction]["drawn_per_case"] = sum(drawn) / max(len(drawn), 1)
-        if draws:
-            per_draw = []  # per draw index k, the verdicts of draw k of every case (judged together: the judges batch)
-            for k in range(candidates):
-                judged = score_direction(direction, usable, [drawn[k] for drawn in draws], judges)
-                per_draw.append(verdicts_of([score.get("correct") for score in judged]))
-            meta = [r.settings["candidates"] for r in results]
-            by_case = [[per_draw[k][i] for k in range(candidates)] for i in range(len(usable))]
-            figures[direction]["best_of"] = best_of_curve(by_case, [m["agreement"] for m in meta],
-                                                          [float(np.mean(m["draw_passes"])) for m in meta])
-            # per case, each draw's verdict and agreement: enough to replay another rule of keeping (a threshold)
-            figures[direction]["draws"] = [{"verdicts": v, "agreement": m["agreement"]} for v, m in zip(by_case, meta)]
+        if by_draw:
+            figures[direction].update(every_draw_figures(by_draw, [r.settings["candidates"] for r in results]))
         samples[direction] = (usable, results, scores)
         if on_direction is not None:
             on_direction(direction, figures[direction])
@@ -508,11 +530,14 @@ def format_table(report: dict) -> str:
             lines.append(f"  {direction} sampled with {json.dumps(fig['sampler'])}")
     for direction, fig in report["figures"].items():
         if fig.get("best_of"):
-            lines.append(f"{direction}, every draw judged: best of k (kept by agreement, as candidates=k keeps it), "
+            curves = fig.get("best_of_by_reading") or {fig.get("reading") or "agreement": fig["best_of"]}
+            lines.append(f"{direction}, every draw judged: best of k, kept by agreement read each way (as "
+                         f"candidates=k, agreement=... keeps it; the run chose by {fig.get('reading') or 'joint'}), "
                          f"and some draw of the k right")
-            lines.append(f"  {'k':>3} {'accuracy':>8} {'any right':>9} {'passes':>7}")
-            lines += [f"  {row['k']:>3} {_fmt(row['accuracy']):>8} {_fmt(row['any_right']):>9} "
-                      f"{row['forward_passes']:>7.1f}" for row in fig["best_of"]]
+            lines.append(f"  {'k':>3} " + " ".join(f"{r:>8} {'passes':>7}" for r in curves) + f" {'any right':>9}")
+            for k, row in enumerate(fig["best_of"]):
+                lines.append(f"  {row['k']:>3} " + " ".join(f"{_fmt(c[k]['accuracy']):>8} {c[k]['forward_passes']:>7.1f}"
+                                                            for c in curves.values()) + f" {_fmt(row['any_right']):>9}")
     return "\n".join(lines)
 
 
@@ -537,26 +562,34 @@ def save_report(report: dict, out: str | Path, grid_size: int = 16) -> list[Path
         written.append(sample_grid(direction, cases[:grid_size], results[:grid_size], scores[:grid_size],
                                    out / f"grid_{name}.png"))
         written += _save_clips(results[:2], out / f"{name}")
-        if report["figures"].get(direction, {}).get("best_of"):
-            written.append(plot_best_of(direction, report["figures"][direction]["best_of"],
+        fig = report["figures"].get(direction, {})
+        if fig.get("best_of"):
+            written.append(plot_best_of(direction, fig.get("best_of_by_reading") or {"agreement": fig["best_of"]},
                                         out / f"best_of_{name}.png"))
     return written
 
 
-def plot_best_of(direction: str, curve: Sequence[dict], path: Path) -> Path:
-    """``best_of_<direction>.png``: judged accuracy of best-of-k (kept by agreement) and of a perfect chooser
-    (some draw of the k right) against the forward passes each k costs."""
+def plot_best_of(direction: str, curves: Mapping[str, Sequence[dict]] | Sequence[dict], path: Path) -> Path:
+    """``best_of_<direction>.png``: judged accuracy of best-of-k (kept by agreement, one line per reading in
+    ``curves``: reading -> curve, or one curve) and of a perfect chooser (some draw of the k right) against the
+    forward passes each k costs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    passes = [row["forward_passes"] for row in curve]
+    if not isinstance(curves, Mapping):
+        curves = {"agreement": curves}
     figure, axis = plt.subplots(figsize=(5.5, 3.6), dpi=100)
-    axis.plot(passes, [row["accuracy"] for row in curve], "o-", label="best of k, kept by agreement")
-    axis.plot(passes, [row["any_right"] for row in curve], "s--", color="grey", label="some draw of the k right")
-    for row, x in zip(curve, passes):
-        axis.annotate(f"k={row['k']}", (x, row["accuracy"]), textcoords="offset points", xytext=(2, -12), fontsize=7)
+    for reading, curve in curves.items():
+        passes = [row["forward_passes"] for row in curve]
+        axis.plot(passes, [row["accuracy"] for row in curve], "o-", label=f"best of k, kept by {reading} reading")
+        for row, x in zip(curve, passes):
+            axis.annotate(f"k={row['k']}", (x, row["accuracy"]), textcoords="offset points", xytext=(2, -12),
+                          fontsize=7)
+    curve = min(curves.values(), key=lambda c: c[-1]["forward_passes"])
+    axis.plot([row["forward_passes"] for row in curve], [row["any_right"] for row in curve], "s--", color="grey",
+              label="some draw of the k right")
     axis.set_xlabel("forward passes per case")
     axis.set_ylabel("judged right")
     axis.set_title(f"{direction}: every draw judged", fontsize=10)
@@ -582,7 +615,7 @@ def _json_default(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-__all__ = ["DIRECTIONS", "EvalCase", "Judges", "best_of_curve", "caption_correct", "check_every_draw",
-           "compare_reports", "evaluate", "format_comparison", "format_table", "joint_consistency", "plot_best_of",
+__all__ = ["CHOOSING_SETTINGS", "DIRECTIONS", "EvalCase", "Judges", "best_of_curve", "caption_correct", "check_every_draw",
+           "compare_reports", "evaluate", "every_draw_figures", "format_comparison", "format_table", "joint_consistency", "plot_best_of",
            "judge_image", "model_hash", "paired_difference", "parse_direction", "reference_figures", "save_report",
            "score_direction", "shell_hint", "summarize", "verdicts_of"]

@@ -359,6 +359,9 @@ def test_the_checks_mirror_the_samplers_choices():
 
     assert (checks.MODES, checks.SCHEDULES, checks.BLOCK_MODES) == (sampler.MODES, sampler.SCHEDULES,
                                                                     sampler.BLOCK_MODES)
+    from unimodal.inference import critique
+
+    assert checks.AGREEMENTS == critique.AGREEMENT_READINGS and checks.AGREEMENT_DEFAULT in checks.AGREEMENTS
 
 
 @settings(max_examples=200, deadline=None)

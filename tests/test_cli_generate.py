@@ -53,6 +53,14 @@ def test_generate_candidates_keeps_the_best_read_back(model_dir, tmp_path, capsy
     code, _, err = run(capsys, "generate", "--model", model_dir, "--text", "a red circle", "--accept-confidence",
                        "0.5", "--candidates", "2", "--out", tmp_path / "y.png")
     assert code == 2 and "accept_confidence must be a number <= 0" in err and not (tmp_path / "y.png").exists()
+    code, out, err = run(capsys, "generate", "--model", model_dir, "--text", "a red circle", "--to", "image",
+                         "--steps", "2", "--candidates", "2", "--agreement", "each", "--out", tmp_path / "each.png",
+                         "--json", "--quiet")
+    assert code == 0, err
+    assert json.loads(out)["settings"]["candidates"]["reading"] == "each" and (tmp_path / "each.png").is_file()
+    code, _, err = run(capsys, "generate", "--model", model_dir, "--text", "a red circle", "--agreement", "each",
+                       "--out", tmp_path / "z.png")
+    assert code == 2 and "needs candidates > 1" in err and not (tmp_path / "z.png").exists()
 
 
 def test_generate_refine_refines_the_output_against_its_input(model_dir, tmp_path, capsys):

@@ -471,6 +471,13 @@ def test_agreement_reads_the_request_back_from_the_draft(pipe, image_result):
     unconditioned = make_draft(pipe.layout, [], {"image": torch.tensor(image_result.token_ids["image"])})
     with pytest.raises(InputError, match="no input"):
         agreement_score(pipe.backbone, pipe.layout, unconditioned)
+    # word by word: each request token re-masked alone, the rest of the request in view (a pass per token)
+    each, each_calls = agreement_score(pipe.backbone, pipe.layout, draft, reading="each")
+    words = len(reading.content_positions(pipe.layout)["text"])
+    alone, _ = confidence_scores(pipe.backbone, pipe.layout, reading, words)
+    assert each_calls == words > 1 and each == pytest.approx(float(alone["text"].clamp_min(1e-6).log().mean()), abs=1e-5)
+    with pytest.raises(InputError, match="reading must be one of"):
+        agreement_score(pipe.backbone, pipe.layout, draft, reading="words")
 
 
 def test_refine_kept_by_agreement_plans_with_the_critic_and_counts_its_passes(pipe, image_result):

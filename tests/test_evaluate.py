@@ -271,6 +271,12 @@ def test_eval_every_draw_judges_each_candidate_and_prints_the_curve(caption_mode
     assert [len(case["verdicts"]) for case in figure["draws"]] == [3, 3, 3]
     assert (tmp_path / "e" / "best_of_text_to_image.png").stat().st_size > 0 and "best_of_text_to_image.png" in out
     assert all(len(case["agreement"]) == 3 for case in figure["draws"])
+    assert figure["reading"] == "joint" and figure["best_of_by_reading"]["joint"] == curve  # the reading that chose
+    each = figure["best_of_by_reading"]["each"]  # the same draws had each word been read alone to choose
+    assert [row["any_right"] for row in each] == [row["any_right"] for row in curve]
+    assert each[0]["accuracy"] == curve[0]["accuracy"] and each[1]["forward_passes"] > curve[1]["forward_passes"]
+    assert all(set(case["by_reading"]) == {"joint", "each"} for case in figure["draws"])
+    assert " each " in out.split("every draw judged")[1]
     one = json.loads(_eval_once(caption_model, tmp_path / "one"))["figures"]["text->image"]
     assert curve[0]["accuracy"] == one["accuracy"]  # the first draw is the case's own seed, drawn alone
     for bad, message in ((args[:-5] + ["--every-draw", "--out", str(tmp_path / "b")], "give --candidates N"),

@@ -413,13 +413,34 @@ def test_best_of_returns_every_draw_it_chose_from(pipe):
     """best_of: generate(candidates=N)'s result and its N draws in seed order, each the output of its own seed."""
     kept, draws = pipe.best_of(3, text="a red circle", to="image", steps=4, seed=5)
     again = pipe.generate(text="a red circle", to="image", steps=4, seed=5, candidates=3)
-    chosen = kept.settings["candidates"]
+    chosen = dict(kept.settings["candidates"])
+    by_reading = chosen.pop("by_reading")  # every draw read each way: best_of's alone (a benchmark's comparison)
     assert kept.token_ids == again.token_ids and chosen == again.settings["candidates"]
     assert len(draws) == 3 and draws[chosen["kept"]] is kept
     assert draws[1].token_ids == pipe.generate(text="a red circle", to="image", steps=4, seed=6).token_ids
     assert chosen["draw_passes"] == [4, 4, 4] and kept.forward_passes == 3 * 4 + 3
+    assert chosen["reading"] == "joint" and by_reading["joint"] == {"agreement": chosen["agreement"], "read_passes": 1}
+    words = len(pipe.text_codec.encode_one("a red circle"))
+    assert by_reading["each"]["read_passes"] == words > 1 and len(by_reading["each"]["agreement"]) == 3
     with pytest.raises(SettingError, match="candidates must be >= 2"):
         pipe.best_of(1, text="a red circle", to="image")
+
+
+def test_candidates_chosen_by_each_word_read_alone(pipe):
+    """agreement="each": the same draws, the one whose request reads back best word by word kept (a pass per
+    request token counted for each read); the reading is refused without candidates to choose among."""
+    kept, draws = pipe.best_of(3, text="a red circle", to="image", steps=4, seed=5)
+    each = kept.settings["candidates"]["by_reading"]["each"]
+    chosen = pipe.generate(text="a red circle", to="image", steps=4, seed=5, candidates=3, agreement="each")
+    best = max(range(3), key=each["agreement"].__getitem__)
+    assert chosen.token_ids == draws[best].token_ids and chosen.settings["candidates"]["kept"] == best
+    assert chosen.settings["candidates"]["reading"] == "each"
+    assert chosen.settings["candidates"]["agreement"] == each["agreement"]
+    assert chosen.forward_passes == 3 * 4 + 3 * each["read_passes"]
+    with pytest.raises(SettingError, match="needs candidates > 1"):
+        pipe.generate(text="a red circle", to="image", steps=4, agreement="each")
+    with pytest.raises(SettingError, match="agreement must be one of"):
+        pipe.generate(text="a red circle", to="image", steps=4, candidates=2, agreement="word")
 
 
 def test_generate_refine_is_refine_of_the_output_against_its_inputs(pipe, tmp_path):

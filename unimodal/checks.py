@@ -34,9 +34,13 @@ SCHEDULES = ("cosine", "linear")
 BLOCK_MODES = ("confidence", "threshold")
 INPUT_KEYS = MODALITIES
 PLANS = ("text", "text-only", "none")  # UniModal.generate's ``plan``
+# How candidates are read back to choose among them (unimodal.inference.critique.AGREEMENT_READINGS, kept in step
+# by a test) and the reading used when none is asked for.
+AGREEMENTS = ("joint", "each")
+AGREEMENT_DEFAULT = "joint"
 SETTING_KEYS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "seed", "max_text_tokens",
                 "max_audio_seconds", "schedule", "block_length", "block_mode", "choice_temperature", "candidates",
-                "accept_confidence", "plan", "refine")
+                "accept_confidence", "agreement", "plan", "refine")
 GENERATE_KEYS = INPUT_KEYS + ("to", "out") + SETTING_KEYS
 MAX_CANDIDATES = 64  # draws of one request kept to the best: more is a batch job, not a request
 MAX_REFINE_ROUNDS = 32  # refine rounds after a generate request (each is a regeneration: more is a benchmark)
@@ -231,6 +235,18 @@ def check_accept_confidence(value, candidates: int = 2) -> float | None:
     return value
 
 
+def check_agreement(value, candidates: int = 2) -> str:
+    """``agreement``: how candidates are read back to choose one (:data:`AGREEMENTS`; None: :data:`AGREEMENT_DEFAULT`);
+    a reading other than the default only with candidates > 1 (one draw has nothing to choose among)."""
+    if value is None:
+        return AGREEMENT_DEFAULT
+    value = _choice_setting("agreement", value, AGREEMENTS)
+    if candidates < 2 and value != AGREEMENT_DEFAULT:
+        raise SettingError(f"agreement={value!r} chooses among several draws; it needs candidates > 1 (e.g. "
+                           f"candidates=4), got candidates={candidates}")
+    return value
+
+
 def check_plan(plan) -> str:
     """UniModal.generate's ``plan``: one of :data:`PLANS` (the API, the CLI and the servers ask the same)."""
     if plan not in PLANS:
@@ -270,6 +286,7 @@ _SETTING_CHECKS = {
     "candidates": check_candidates,
     "refine": check_refine_rounds,
     "accept_confidence": check_accept_confidence,
+    "agreement": lambda v: _choice_setting("agreement", v, AGREEMENTS),
     "seed": lambda v: check_seed(v, error=SettingError),
     "mode": lambda v: _choice_setting("mode", v, MODES),
     "schedule": lambda v: _choice_setting("schedule", v, SCHEDULES),
@@ -293,6 +310,8 @@ def check_settings(settings: Mapping) -> dict:
     checked = {name: _SETTING_CHECKS[name](value) for name, value in settings.items() if value is not None}
     if "accept_confidence" in checked:  # with the candidates it needs, before any model loads
         check_accept_confidence(checked["accept_confidence"], checked.get("candidates", 1))
+    if "agreement" in checked:
+        check_agreement(checked["agreement"], checked.get("candidates", 1))
     return checked
 
 

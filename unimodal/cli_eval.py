@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from unimodal.checks import PLANS, SETTING_KEYS, check_settings
+from unimodal.checks import AGREEMENTS, PLANS, SETTING_KEYS, check_settings
 from unimodal.core.errors import InputError
 
 def _settings(args) -> dict:
@@ -98,8 +98,11 @@ def add_eval_command(sub) -> None:
                     "(captions by default), are sampled once")
     ev.add_argument("--accept-confidence", type=float, default=None, help="with --candidates: keep a case's first "
                     "draw when its confidence score (mean log-probability, e.g. -0.1) reaches this, else draw them all")
+    ev.add_argument("--agreement", default=None, choices=AGREEMENTS, help="with --candidates: how each draw is read "
+                    "back to choose one (generate --agreement): joint (default) or each")
     ev.add_argument("--every-draw", action="store_true", help="with --candidates N: judge every draw, not only "
-                    "the kept one, and print what best-of-k reaches for each k up to N (one run, N draws a case)")
+                    "the kept one, and print what best-of-k reaches for each k up to N, chosen by each reading "
+                    "(--agreement joint and each; one run, N draws a case)")
     ev.add_argument("--refine-rounds", type=int, default=0, help="then refine each output against its input for "
                     "up to this many rounds, with refine's defaults for that output (a caption read from a picture: "
                     "doubtful words redrawn and kept by agreement), and judge it as refined; joint is not refined")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from unimodal.checks import PLANS
+from unimodal.checks import AGREEMENTS, PLANS
 from unimodal.cli_common import add_model_arguments, parse_cfg
 
 
@@ -57,6 +57,10 @@ def add_generate_commands(sub) -> None:
                      "best with the input, read back by the model (costs that many samplings; default 1)")
     gen.add_argument("--accept-confidence", type=float, default=None, help="with --candidates: keep the first draw, "
                      "drawing no more, when its confidence score (mean log-probability, e.g. -0.1) reaches this")
+    gen.add_argument("--agreement", default=None, choices=AGREEMENTS,
+                     help="with --candidates: how each draw is read back to choose one: joint (the whole input "
+                          "masked at once, one pass; the default) or each (each input token masked alone, a pass a "
+                          "token: the words that name the content decide)")
     gen.add_argument("--refine", type=int, default=None, metavar="ROUNDS",
                      help="then refine the output against the inputs for this many rounds (re-mask what the model "
                           "doubts, regenerate it, keep a round only if it reads better; a caption of a picture "

@@ -134,6 +134,9 @@ def generate_tool(runner: Runner):
         accept_confidence: Annotated[float | None, Field(
             le=0, description="with candidates: keep the first draw, drawing no more, when the model's confidence "
                               "score of it (mean log-probability, e.g. -0.1) reaches this")] = None,
+        agreement: Annotated[Literal["joint", "each"] | None, Field(
+            description="with candidates: how each draw is read back to choose one: joint (the whole input at "
+                        "once, the default) or each (input token by token: the words naming the content decide)")] = None,
         refine: Annotated[int | None, Field(
             ge=0, le=MAX_REFINE_ROUNDS,
             description="then refine the output against the inputs for this many rounds: re-mask what the model "

@@ -47,7 +47,7 @@ from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel
 from unimodal.tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
 from unimodal.tokenizers_mm.text import TextCodec
 from unimodal.tokenizers_mm.vocoder import MelVocoder
-from unimodal.checks import (check_accept_confidence, check_candidates, check_plan, check_draws_differ,
+from unimodal.checks import (AGREEMENT_DEFAULT, check_accept_confidence, check_agreement, check_candidates, check_plan, check_draws_differ,
                              check_refine_rounds,
                              check_model_folder, check_not_both, check_to)
 from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
@@ -210,7 +210,8 @@ class UniModal(DiffusionPipeline):
                  cfg: float | Mapping[str, float] | None = None, seed: int | None = 0,
                  max_text_tokens: int | None = None, max_audio_seconds: float | None = None,
                  progress: bool = False, candidates: int = 1, plan: str = PLAN_DEFAULT,
-                 accept_confidence: float | None = None, refine: int = 0, **settings) -> GenerationResult:
+                 accept_confidence: float | None = None, agreement: str | None = None, refine: int = 0,
+                 **settings) -> GenerationResult:
         """Generate ``to`` (a modality, a list, or ``"image,audio"``) from the inputs given (none: unconditional).
 
         Inputs: ``text`` a string; ``image`` a PIL image, uint8 array or file path (resized to the codec's
@@ -245,7 +246,11 @@ class UniModal(DiffusionPipeline):
         the model reads it from each output: :func:`unimodal.inference.critique.agreement_score`, one forward
         pass each). ``result.settings["candidates"]`` holds every candidate's seed, score and passes (``seeds``,
         ``agreement``, ``draw_passes``), how many were ``drawn`` and which was ``kept``; ``forward_passes`` counts
-        all of them. Needs an input to agree with.
+        all of them. Needs an input to agree with. ``agreement``: how each output is read back
+        (:data:`~unimodal.inference.critique.AGREEMENT_READINGS`; None: :data:`AGREEMENT_DEFAULT`): ``"joint"``, every
+        input token masked at once (one pass); ``"each"``, each input token masked alone with the rest in view (a
+        pass per token): the words that name the content decide, not how likely the prompt's wording is
+        (``result.settings["candidates"]["reading"]``).
 
         ``accept_confidence`` (with ``candidates`` > 1): draw the first alone and keep it, drawing no more, when the
         model is sure of it: its confidence score (the mean log-probability of its tokens, each re-masked in 4
@@ -272,7 +277,7 @@ class UniModal(DiffusionPipeline):
             check_seed_room(seed, refine, SettingError)
         result = self._generate_once(text, image, audio, to, steps, mode, tau, temperature, top_k, top_p, cfg, seed,
                                      max_text_tokens, max_audio_seconds, progress, candidates, plan,
-                                     accept_confidence, settings)
+                                     accept_confidence, agreement, settings)
         if not refine:
             return result
         inputs = {k: v for k, v in (("text", text), ("image", image), ("audio", audio)) if v is not None}
@@ -283,35 +288,44 @@ class UniModal(DiffusionPipeline):
 
     def _generate_once(self, text, image, audio, to, steps, mode, tau, temperature, top_k, top_p, cfg, seed,
                        max_text_tokens, max_audio_seconds, progress, candidates, plan, accept_confidence,
-                       settings) -> GenerationResult:
+                       agreement, settings) -> GenerationResult:
         request = dict(text=text, image=image, audio=audio, to=to, max_text_tokens=max_text_tokens,
                        max_audio_seconds=max_audio_seconds)
         sampling = dict(steps=steps, mode=mode, tau=tau, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
                         plan=plan, **settings)
         accept_confidence = check_accept_confidence(accept_confidence, check_candidates(candidates))
+        agreement = check_agreement(agreement, candidates)
         if candidates == 1:
             return self.generate_batch([request], seed=seed, progress=progress, **sampling)[0]
-        return self._best_of(request, candidates, seed, progress, sampling, accept_confidence)
+        return self._best_of(request, candidates, seed, progress, sampling, accept_confidence, agreement=agreement)
 
     def best_of(self, candidates: int, seed: int | None = 0, progress: bool = False, text=None, image=None,
                 audio=None, to: str | Sequence[str] = "image", max_text_tokens: int | None = None,
-                max_audio_seconds: float | None = None, **sampling) -> tuple[GenerationResult, list[GenerationResult]]:
+                max_audio_seconds: float | None = None, agreement: str | None = None,
+                **sampling) -> tuple[GenerationResult, list[GenerationResult]]:
         """What :meth:`generate` with ``candidates`` returns, and every draw it chose from (seed order; the kept
         one is the returned result itself, its ``forward_passes`` counting all draws and reads). For benchmarks
         that judge each draw: one run then gives the accuracy of best-of-k for every k up to ``candidates``
-        (``unimodal eval --candidates N --every-draw``). ``sampling``: :meth:`generate`'s sampler settings."""
+        (``unimodal eval --candidates N --every-draw``). ``sampling``: :meth:`generate`'s sampler settings.
+        ``agreement`` chooses as in :meth:`generate`; every draw is also read the other ways
+        (``settings["candidates"]["by_reading"]``: per reading, each draw's score and the passes of one read), so
+        one run compares the readings as choosers (not counted in ``forward_passes``)."""
         request = dict(text=text, image=image, audio=audio, to=to, max_text_tokens=max_text_tokens,
                        max_audio_seconds=max_audio_seconds)
         if check_candidates(candidates) < 2:
             raise SettingError(f"best_of chooses among draws: candidates must be >= 2, got {candidates}")
-        return self._best_of(request, candidates, seed, progress, sampling, keep_draws=True)
+        return self._best_of(request, candidates, seed, progress, sampling, keep_draws=True,
+                             agreement=check_agreement(agreement, candidates))
 
     def _best_of(self, request: dict, candidates: int, seed: int | None, progress: bool,
-                 sampling: Mapping, accept_confidence: float | None = None, keep_draws: bool = False):
-        """``candidates`` draws of one request, the one whose inputs the model reads back best kept; with
-        ``accept_confidence``, the first alone when its confidence score reaches it. ``keep_draws``: return
-        (the kept result, every draw) instead of the kept result alone."""
-        from unimodal.inference.critique import DEFAULT_GROUPS, agreement_score, confidence_scores, sample_score
+                 sampling: Mapping, accept_confidence: float | None = None, keep_draws: bool = False,
+                 agreement: str = AGREEMENT_DEFAULT):
+        """``candidates`` draws of one request, the one whose inputs the model reads back best (``agreement``:
+        how) kept; with ``accept_confidence``, the first alone when its confidence score reaches it.
+        ``keep_draws``: return (the kept result, every draw) instead of the kept result alone, and read every draw
+        in every reading."""
+        from unimodal.inference.critique import (AGREEMENT_READINGS, DEFAULT_GROUPS, agreement_score,
+                                                 confidence_scores, sample_score)
         from unimodal.refine import draft_of
 
         if self.autoregressive:
@@ -344,8 +358,11 @@ class UniModal(DiffusionPipeline):
             with self._lock:
                 drafts += [draft_of(self, draw, inputs) for draw in rest]
             draws += rest
+        readings = AGREEMENT_READINGS if keep_draws else (agreement,)
         with self._lock:
-            read = [agreement_score(self.backbone, self.layout, draft) for draft in drafts]
+            by_reading = {r: [agreement_score(self.backbone, self.layout, draft, reading=r) for draft in drafts]
+                          for r in readings}
+        read = by_reading[agreement]
         scores = [score for score, _ in read]
         kept = max(range(candidates), key=scores.__getitem__)
         passes = [d.forward_passes for d in draws]  # each draw's own, before the kept one counts them all
@@ -353,7 +370,11 @@ class UniModal(DiffusionPipeline):
         best.forward_passes = sum(d.forward_passes for d in draws) + sum(calls for _, calls in read) + checked
         best.settings = {**best.settings, "candidates": {"n": candidates, "drawn": candidates, "kept": kept,
                          "seeds": [seed + k for k in range(candidates)], "agreement": [round(v, 6) for v in scores],
-                         "draw_passes": passes, **check}}
+                         "reading": agreement, "draw_passes": passes, **check}}
+        if keep_draws:
+            best.settings["candidates"]["by_reading"] = {
+                r: {"agreement": [round(v, 6) for v, _ in reads], "read_passes": reads[0][1]}
+                for r, reads in by_reading.items()}
         return (best, draws) if keep_draws else best
 
     def draws_differ(self, to: str | Sequence[str] = "image", **settings) -> bool:
