@@ -19,7 +19,9 @@ it tries something new (fresh positions for the random critic, fresh samples for
   tokens below its own thresholds, often fewer);
 - ``"agreement"``: the request read back from the draft by the same model
   (:func:`unimodal.inference.critique.agreement_score`, one model call): a round is kept when the picture (or
-  speech, or caption) makes the request more likely. The critic still plans where to re-mask.
+  speech, or caption) makes the request more likely. The critic still plans where to re-mask;
+- ``"agreement-each"``: the same, each request token read alone with the rest of the request in view (the
+  ``"each"`` reading: a pass per request token), so the words that name the content decide.
 
 The trace (:func:`refine` returns it) is plain JSON: per round the regions, the sample score before and
 after, the tokens changed, the forward passes (critic, regeneration and evaluation model calls over the
@@ -42,7 +44,7 @@ from unimodal.inference.sampler import generate as sample
 from unimodal.core.errors import InputError
 from unimodal.core.seeds import check_seed_room
 
-EVALUATORS = ("critic", "agreement")
+EVALUATORS = ("critic", "agreement", "agreement-each")
 NOT_KEPT = ("no improvement", "region cut the content after it")  # a round ran and its candidate was dropped
 
 
@@ -168,16 +170,16 @@ def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confiden
     after each round r (1-based) that ran, with the draft as it stands then (a benchmark judges it).
     """
     config = config or RefineConfig()
-    if config.evaluator == "agreement" and not draft.conditions:
-        raise InputError("evaluator='agreement' reads the request back from the draft, and this draft was "
+    if config.evaluator.startswith("agreement") and not draft.conditions:
+        raise InputError(f"evaluator={config.evaluator!r} reads the request back from the draft, and this draft was "
                          "generated from no input; use evaluator='critic'")
     judged_by = "confidence" if isinstance(critic, str) and critic == "random" else critic
     plan = make_critic(critic, model, layout, cfg, config.groups, config.seed)
-    if config.evaluator == "agreement":
-        evaluator = "agreement"
+    if config.evaluator.startswith("agreement"):
+        evaluator, reading = config.evaluator, "each" if config.evaluator == "agreement-each" else "joint"
 
         def judge(d: Draft):  # no per-token scores: the critic plans every round
-            return (None, *agreement_score(model, layout, d))
+            return (None, *agreement_score(model, layout, d, reading=reading))
     else:
         evaluator, score_of = critic_name(judged_by), make_critic(judged_by, model, layout, cfg, config.groups)
 

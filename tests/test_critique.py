@@ -489,6 +489,11 @@ def test_refine_kept_by_agreement_plans_with_the_critic_and_counts_its_passes(pi
         assert r["kept"] == (r["score_after"] > r["score_before"])
     chosen = {i for r in trace["rounds"] if r["kept"] for region in r["regions"] for i in region["indices"]}
     assert set(_changed(image_result.token_ids, fixed.token_ids)["image"]) <= chosen
+    words = len(pipe.text_codec.encode_one(PROMPT))
+    _, each = pipe.refine(image_result, text=PROMPT, rounds=1, critic="confidence", groups=4, threshold=1.0,
+                          evaluator="agreement-each", **FAST)  # the request read back word by word
+    assert each["evaluator"] == "agreement-each" and each["scoring_passes_initial"] == words > 1
+    assert all(r["forward_passes"] == 4 + r["regen_steps"] + words for r in each["rounds"])
     with pytest.raises(InputError, match="evaluator must be one of"):
         pipe.refine(image_result, text=PROMPT, evaluator="vibes", **FAST)
     with pytest.raises(InputError, match="no input"):  # a picture from nothing, drawn without a plan in words
@@ -669,7 +674,7 @@ def test_bench_refine_command(tiny_codec_dir, tmp_path, capsys):
     report = json.loads((tmp_path / "bench" / "bench_refine.json").read_text())
     assert code == 0 and "best-of-2" in out and set(report["refine"]) == {"confidence", "random"}
     assert report["best_of"][1]["forward_passes"] > report["best_of"][0]["forward_passes"]
-    assert {r["selector"] for r in report["best_of"]} == {"confidence", "agreement"}
+    assert {r["selector"] for r in report["best_of"]} == {"confidence", "agreement", "agreement-each"}
     assert "best-of-2 (agreement)" in out and (tmp_path / "bench" / "bench_refine.png").is_file()
     code, out, err = run(capsys, "bench", "refine-plot", tmp_path / "bench" / "bench_refine.json",
                          tmp_path / "bench" / "bench_refine.json", "--out", tmp_path / "both.png")
@@ -704,7 +709,7 @@ def test_bench_refine_reads_pictures_too(tiny_codec_dir, tmp_path, capsys, monke
     assert "n=2 image->text cases" in out and "best-of draws after the first at temperature 1.0" in out
     assert [args[1].name for args, _ in seen] == ["image->text", "image->text"]
     assert [args[2] if len(args) > 2 else None for args, _ in seen] == [None, 1.0]
-    assert {r["selector"] for r in report["best_of"]} == {"confidence", "agreement"}
+    assert {r["selector"] for r in report["best_of"]} == {"confidence", "agreement", "agreement-each"}
     rows = report["refine"]["confidence"]["rounds"]
     assert 0 <= rows[1]["accuracy"] <= 1 and rows[1]["forward_passes"] >= rows[0]["forward_passes"]
     assert report["refine"]["confidence"]["ran"] == {"evaluator": "agreement", "patience": 1,

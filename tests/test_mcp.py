@@ -165,7 +165,7 @@ def test_the_self_critique_tools_have_a_schema_for_every_argument(seen):
         assert tools[name].input_schema["required"] == ["input"]
     assert tools["critique"].input_schema["properties"]["critic"]["enum"] == ["confidence", "content", "content+learned", "learned", "random"]
     evaluator = tools["refine"].input_schema["properties"]["evaluator"]  # optional: the library's default
-    assert [choice.get("enum") for choice in evaluator["anyOf"]] == [["critic", "agreement"], None]
+    assert [choice.get("enum") for choice in evaluator["anyOf"]] == [["critic", "agreement", "agreement-each"], None]
 
 
 def test_refine_reads_a_caption_generate_wrote_against_its_picture(seen):

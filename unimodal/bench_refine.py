@@ -122,11 +122,13 @@ def _best_of(pipe, cases, base, judges, best_of: int, seed: int, groups: int, ba
     right = np.array([direction.verdicts(cases, [direction.output(r) for r in results], judges)
                       for results in draws])  # (N, n)
     base_passes = np.mean([r.forward_passes for r in base])
-    selectors = {"confidence": (lambda case, r: _confidence(pipe, case, r, groups, direction), groups),
-                 "agreement": (lambda case, r: _agreement(pipe, case, r, direction), 1)}
+    selectors = {"confidence": lambda case, r: (_confidence(pipe, case, r, groups, direction), groups),
+                 "agreement": lambda case, r: _agreement_read(pipe, case, r, direction, "joint"),
+                 "agreement-each": lambda case, r: _agreement_read(pipe, case, r, direction, "each")}
     rows = []
-    for selector, (score, calls) in selectors.items():
-        scores = np.array([[score(case, r) for case, r in zip(cases, results)] for results in draws])
+    for selector, score in selectors.items():
+        read = np.array([[score(case, r) for case, r in zip(cases, results)] for results in draws])  # (N, n, 2)
+        scores, calls = read[..., 0], float(read[..., 1].mean())  # calls: one read's passes, on average
         for count in range(1, best_of + 1):
             pick = scores[:count].argmax(0)  # (n,)
             scoring = calls * count if count > 1 else 0  # one picture needs no choosing
@@ -151,7 +153,13 @@ def _draft(pipe, case, result, direction: _Direction | None = None):
 
 def _agreement(pipe, case, result, direction: _Direction | None = None) -> float:
     """How likely the model finds the case's input when it reads the output back (one call, no guidance)."""
-    return agreement_score(pipe.backbone, pipe.layout, _draft(pipe, case, result, direction))[0]
+    return _agreement_read(pipe, case, result, direction)[0]
+
+
+def _agreement_read(pipe, case, result, direction: _Direction | None = None,
+                    reading: str = "joint") -> tuple[float, int]:
+    """The agreement score read ``reading`` (joint: one call; each: a call per input token) and its passes."""
+    return agreement_score(pipe.backbone, pipe.layout, _draft(pipe, case, result, direction), reading=reading)
 
 
 def _confidence(pipe, case, result, groups: int, direction: _Direction | None = None) -> float:
@@ -539,17 +547,17 @@ def _cell(value) -> str:
 
 
 def format_table(report: dict) -> str:
-    lines = [f"{'method':<22} {'passes':>7} {'accuracy':>9} {'fix':>6} {'break':>6}"]
+    lines = [f"{'method':<28} {'passes':>7} {'accuracy':>9} {'fix':>6} {'break':>6}"]
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731 - table cells
     for critic, part in report["refine"].items():
         for row in part["rounds"]:
             name = "no refine" if row["round"] == 0 else f"refine {critic} r{row['round']}"
             if row["round"] == 0 and critic != next(iter(report["refine"])):
                 continue
-            lines.append(f"{name:<22} {row['forward_passes']:>7.1f} {row['accuracy']:>9.3f} "
+            lines.append(f"{name:<28} {row['forward_passes']:>7.1f} {row['accuracy']:>9.3f} "
                          f"{fmt(row['fix_rate']):>6} {fmt(row['break_rate']):>6}")
     for row in report["best_of"]:
-        lines.append(f"{'best-of-' + str(row['n']) + ' (' + row.get('selector', 'confidence') + ')':<22} "
+        lines.append(f"{'best-of-' + str(row['n']) + ' (' + row.get('selector', 'confidence') + ')':<28} "
                      f"{row['forward_passes']:>7.1f} "
                      f"{row['accuracy']:>9.3f} {'-':>6} {'-':>6}   (any of {row['n']} right: {row['oracle_accuracy']:.3f})")
     for critic, part in report["refine"].items():

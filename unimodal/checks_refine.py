@@ -34,7 +34,7 @@ PLAN_KEYS = ("critic", "fraction", "threshold", "check", "source", "model_captio
 OP_KEYS = {"critique": COMMON_KEYS + PLAN_KEYS,
            "refine": COMMON_KEYS + PLAN_KEYS + ("rounds", "budget", "regions", "trace", "evaluator", "patience"),
            "edit": COMMON_KEYS + tuple(REGION_KEYS) + ("instruction", "trace", "candidates", "draft")}
-EVALUATORS = ("critic", "agreement")  # mirrors unimodal.inference.refine.EVALUATORS
+EVALUATORS = ("critic", "agreement", "agreement-each")  # mirrors unimodal.inference.refine.EVALUATORS
 
 
 @dataclass

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from unimodal.core.errors import InputError, OutputPathError
 from unimodal.core.paths import atomic_write, user_path
+from unimodal.checks_refine import EVALUATORS
 
 # A request key of :func:`unimodal.checks_refine.check_refine_request` -> the flag that gives it here.
 FLAGS = {"input": "--in", "prompt": "--prompt", "out": "--out", "seed": "--seed", "critic": "--critic",
@@ -333,9 +334,9 @@ def add_refine_commands(sub) -> None:
     refine.add_argument("--rounds", type=int, default=3)
     refine.add_argument("--budget", type=int, default=None, help="most forward passes in all")
     refine.add_argument("--trace", default=None, help="write the JSON trace of every round here")
-    refine.add_argument("--evaluator", default=None, choices=["critic", "agreement"], help="what keeps a "
+    refine.add_argument("--evaluator", default=None, choices=EVALUATORS, help="what keeps a "
                         "round: the critic's own score (default), or agreement: --prompt read back from the output "
-                        "by the model became likelier")
+                        "by the model became likelier (agreement-each: read word by word, a pass a word)")
     refine.add_argument("--patience", type=_positive("--patience"), default=None, help="rounds in a row not kept "
                         "before it stops; each retry re-plans and samples anew (1)")
     refine.set_defaults(func=_cmd_refine)
@@ -390,9 +391,10 @@ def add_bench_refine_command(bench) -> None:
     sub.add_argument("--fraction", type=float, default=None, help="most tokens a round flags, as a share (0.25)")
     sub.add_argument("--threshold", type=float, default=None,
                      help="flag only tokens scored below this (default: the critic's own, as in refine)")
-    sub.add_argument("--evaluator", default=None, choices=["critic", "agreement"], help="what keeps a refine round: "
+    sub.add_argument("--evaluator", default=None, choices=EVALUATORS, help="what keeps a refine round: "
                      "the critic's own score (default) or the input read back from the output (agreement: the "
-                     "caption from the picture, or the picture from the caption)")
+                     "caption from the picture, or the picture from the caption; agreement-each: the input read "
+                     "token by token, the rest of it in view)")
     sub.add_argument("--patience", type=int, default=None, help="refine rounds in a row not kept before it stops (1)")
     sub.add_argument("--corrupt", type=float, default=None, help="instead: corrupt this share of the codes of the "
                      "real test pictures and measure how much refine restores (and each critic's AUROC)")

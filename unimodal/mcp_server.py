@@ -289,9 +289,10 @@ def refine_tool(runner: Runner):
         check: Check = False,
         source: Source = None,
         model_caption: ModelCaption = None,
-        evaluator: Annotated[Literal["critic", "agreement"] | None, Field(
+        evaluator: Annotated[Literal["critic", "agreement", "agreement-each"] | None, Field(
             description="what keeps a round: the critic's own score (default), or agreement (the prompt read back "
-                        "from the output by the model became likelier; needs prompt)")] = None,
+                        "from the output by the model became likelier; needs prompt; agreement-each: read word "
+                        "by word, a pass a word)")] = None,
         patience: Annotated[int | None, Field(ge=1, description="rounds in a row not kept before it stops; each "
                                                                 "retry re-plans and samples anew (default 1)")] = None,
         regions: Annotated[list[dict[Literal["box", "seconds", "chars"], list[float]]] | None, Field(

@@ -327,7 +327,8 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
     ``regions``: the caller's plan for the first round (native units); ``check``: plan the first round from
     the cross-modal check when it disagrees; ``evaluator``: what keeps a round, ``"critic"`` (its mean
     log-score rose) or ``"agreement"`` (the request read back from the result by the same model became more
-    likely; needs ``text=`` / the input the result was made from); ``patience``: rounds in a row not kept before
+    likely; needs ``text=`` / the input the result was made from; ``"agreement-each"``: read token by token, the
+    rest of the request in view, a pass per token); ``patience``: rounds in a row not kept before
     the loop stops (each retry re-plans and samples anew); ``settings``: sampler settings of the regenerations (as
     :meth:`UniModal.generate` takes them; their steps are set per round unless ``regen_steps``);
     ``on_round(r, result)``: called after each round that ran with the result as it stands (for benchmarks).
