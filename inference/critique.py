@@ -39,7 +39,7 @@ from unimodal.core.errors import InputError
 CRITICS = ("learned", "confidence", "content", "content+learned", "random")
 CONTENT_CRITICS = ("content", "content+learned")  # the names made into a ContentCritic (they decode codes)
 HEAD_CRITICS = ("learned", "content+learned")  # the names that read the critic head (a trained one)
-AGREEMENT_READINGS = ("joint", "each")  # how agreement_score reads the request back: all at once, or word by word
+AGREEMENT_READINGS = ("joint", "each")  # agreement_score: all at once (the default), word by word
 EACH_MAX_GROUPS = 32  # "each" reading: one pass per request token up to this many (a caption has fewer)
 DEFAULT_GROUPS = 4  # re-masking a quarter at a time keeps 3/4 of the context for each scored token
 DEFAULT_FRACTION = 0.25  # at most this share of a modality's tokens is flagged per critique
@@ -266,10 +266,11 @@ def agreement_score(model, layout: Layout, draft: Draft, cfg=None, reading: str 
 
     ``reading``: ``"joint"``: every request token masked at once (one pass): the model reads the whole request
     from the draft alone, its wording included ("the number ... written by hand"), so the score also says how
-    likely that wording is for the picture. ``"each"``: each request token masked alone, the rest of the request
-    in view (a pass per token, at most :data:`EACH_MAX_GROUPS`; beyond that every G-th token together): the
-    template words are then near certain and the score is decided by the words that name the content ("seven",
-    "red" beside "circle"), a check of each word against the draft.
+    likely that wording is for the picture. ``"each"``: each word token of the request masked alone, the rest of
+    it (and any other input) in view, a pass per token, at most :data:`EACH_MAX_GROUPS` (beyond that every G-th
+    token together): the template words are then near certain and the score is decided by the words that name
+    the content ("seven", "red" beside "circle"), a check of each word against the draft. A request with no text
+    (a picture or speech) is read in at most :data:`EACH_MAX_GROUPS` interleaved groups of its codes.
 
     Why not the confidence score to compare two drafts of one request: it says how sure the model was of its
     own tokens, not whether they show what was asked; on 64 test scenes with 4 pictures each (shipped model),
@@ -280,10 +281,14 @@ def agreement_score(model, layout: Layout, draft: Draft, cfg=None, reading: str 
     if not draft.conditions:
         raise InputError("the agreement score reads the request back from the draft; this draft was generated "
                          "from no input (nothing to agree with)")
-    tokens = draft.tokens(layout)
-    reading_draft = make_draft(layout, [(m, tokens[m]) for m in MODALITIES if m in tokens],
-                               {m: ids for m, ids in draft.conditions})
+    tokens, request = draft.tokens(layout), dict(draft.conditions)
+    shown = [(m, tokens[m]) for m in MODALITIES if m in tokens]  # the draft's content: what the request is read from
     groups = 1
+    if reading == "each" and "text" in request:  # the words alone are read, the other inputs in view beside them
+        beside = {m: ids for m, ids in request.items() if m != "text" and m not in tokens}
+        shown = sorted(shown + list(beside.items()), key=lambda item: MODALITIES.index(item[0]))
+        request = {m: ids for m, ids in request.items() if m not in beside}
+    reading_draft = make_draft(layout, shown, request)
     if reading == "each":
         longest = max(len(where) for where in reading_draft.content_positions(layout).values())
         groups = max(1, min(longest, EACH_MAX_GROUPS))

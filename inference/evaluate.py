@@ -384,6 +384,19 @@ def every_draw_figures(by_draw: Sequence[Sequence[dict]], meta: Sequence[Mapping
     return figures
 
 
+def _check_agreement(agreement: str | None, candidates: int | None) -> None:
+    """An ``agreement`` setting names a reading and chooses among candidates (the CLI's checks refuse the same
+    before the model loads; this is for Python callers of :func:`evaluate`)."""
+    from unimodal.inference.critique import AGREEMENT_READINGS
+
+    if agreement is None:
+        return
+    if agreement not in AGREEMENT_READINGS:
+        raise InputError(f"agreement must be one of {AGREEMENT_READINGS}, got {agreement!r}")
+    if (candidates or 1) < 2 and agreement != AGREEMENT_READINGS[0]:
+        raise InputError(f"agreement={agreement!r} chooses among several draws; give candidates > 1")
+
+
 def check_every_draw(every_draw: bool, candidates: int | None, accept_confidence: float | None) -> None:
     """Refuse ``every_draw`` (``--every-draw``) without candidates to judge, or beside ``accept_confidence``, which
     stops after the first draw; the CLI calls it before the model loads, :func:`evaluate` for Python callers."""
@@ -410,6 +423,7 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
     if isinstance(refine_rounds, bool) or not isinstance(refine_rounds, int) or refine_rounds < 0:
         raise InputError(f"refine_rounds must be an int >= 0, got {refine_rounds!r}")
     check_every_draw(every_draw, (settings or {}).get("candidates"), (settings or {}).get("accept_confidence"))
+    _check_agreement((settings or {}).get("agreement"), (settings or {}).get("candidates"))
     if not cases:
         raise InputError("unimodal eval needs at least one case")
     judges, settings = judges or Judges(), dict(settings or {})
@@ -531,9 +545,10 @@ def format_table(report: dict) -> str:
     for direction, fig in report["figures"].items():
         if fig.get("best_of"):
             curves = fig.get("best_of_by_reading") or {fig.get("reading") or "agreement": fig["best_of"]}
-            lines.append(f"{direction}, every draw judged: best of k, kept by agreement read each way (as "
+            before = ", the draws before refine" if report.get("refine_rounds") else ""
+            lines.append(f"{direction}, every draw judged{before}: best of k, kept by agreement read each way (as "
                          f"candidates=k, agreement=... keeps it; the run chose by {fig.get('reading') or 'joint'}), "
-                         f"and some draw of the k right")
+                         f"and some draw of the k right (s/sample above includes reading every draw each way)")
             lines.append(f"  {'k':>3} " + " ".join(f"{r:>8} {'passes':>7}" for r in curves) + f" {'any right':>9}")
             for k, row in enumerate(fig["best_of"]):
                 lines.append(f"  {row['k']:>3} " + " ".join(f"{_fmt(c[k]['accuracy']):>8} {c[k]['forward_passes']:>7.1f}"

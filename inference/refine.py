@@ -11,7 +11,7 @@ Each round:
 The loop stops when ``patience`` rounds in a row were not kept (1: the first round that does not improve), when
 the critic flags nothing, after ``rounds`` rounds, or before a round whose worst-case cost would pass the
 forward-pass ``budget``. A round after one that was not kept plans again and regenerates with its own seed, so
-it tries something new (fresh positions for the random critic, fresh samples for every critic). Two evaluators:
+it tries something new (fresh positions for the random critic, fresh samples for every critic). The evaluators:
 
 - ``"critic"``: the critic itself (the mean log-score of the draft's tokens), except for ``random``, whose
   scores mean nothing: there the model's confidence judges, so the random baseline differs from the

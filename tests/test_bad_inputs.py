@@ -136,6 +136,18 @@ def test_stdio_server_answers_undecodable_bytes_and_goes_on(tiny_model_dir):
 # ---- the checks, one cause each ------------------------------------------------------------------------------
 
 
+def test_an_agreement_reading_needs_candidates_to_choose_among():
+    """Every front door (CLI, stdio, MCP, generate) checks a request with check_request: the reading is refused
+    without candidates, or when it names no reading, before any model loads."""
+    request = {"text": "a red circle", "to": "image"}
+    with pytest.raises(SettingError, match="needs candidates > 1"):
+        checks.check_request({**request, "agreement": "each"})
+    with pytest.raises(SettingError, match="agreement must be one of"):
+        checks.check_request({**request, "candidates": 2, "agreement": "word"})
+    assert checks.check_request({**request, "candidates": 2, "agreement": "each"}).settings["agreement"] == "each"
+    assert checks.check_request({**request, "agreement": "joint"}).settings["agreement"] == "joint"  # the default
+
+
 def test_text_must_be_encodable():
     with pytest.raises(TextEncodingError, match="not valid Unicode at character 6"):
         checks.check_text("a red \udcff circle")

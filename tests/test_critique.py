@@ -478,6 +478,16 @@ def test_agreement_reads_the_request_back_from_the_draft(pipe, image_result):
     assert each_calls == words > 1 and each == pytest.approx(float(alone["text"].clamp_min(1e-6).log().mean()), abs=1e-5)
     with pytest.raises(InputError, match="reading must be one of"):
         agreement_score(pipe.backbone, pipe.layout, draft, reading="words")
+    # a request of words and a picture, read word by word: the picture stays in view beside the draft (speech here)
+    codes = torch.randint(0, pipe.layout.codebook_size("audio"), (6,), generator=torch.Generator().manual_seed(0))
+    words_ids = pipe.text_codec.encode_one(PROMPT)
+    picture = torch.tensor(image_result.token_ids["image"])
+    both = make_draft(pipe.layout, [("text", words_ids), ("image", picture)], {"audio": codes})
+    mixed, mixed_calls = agreement_score(pipe.backbone, pipe.layout, both, reading="each")
+    words_alone = make_draft(pipe.layout, [("image", picture), ("audio", codes)], {"text": words_ids})
+    expected, _ = confidence_scores(pipe.backbone, pipe.layout, words_alone, len(words_ids))
+    assert mixed_calls == len(words_ids) and set(expected) == {"text"}
+    assert mixed == pytest.approx(float(expected["text"].clamp_min(1e-6).log().mean()), abs=1e-5)
 
 
 def test_refine_kept_by_agreement_plans_with_the_critic_and_counts_its_passes(pipe, image_result):

@@ -1,6 +1,7 @@
 """unimodal eval and bench versus-ar: the metric functions on hand-made cases, then the commands end to end."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -274,14 +275,40 @@ def test_eval_every_draw_judges_each_candidate_and_prints_the_curve(caption_mode
     assert figure["reading"] == "joint" and figure["best_of_by_reading"]["joint"] == curve  # the reading that chose
     each = figure["best_of_by_reading"]["each"]  # the same draws had each word been read alone to choose
     assert [row["any_right"] for row in each] == [row["any_right"] for row in curve]
-    assert each[0]["accuracy"] == curve[0]["accuracy"] and each[1]["forward_passes"] > curve[1]["forward_passes"]
+    assert each[1]["forward_passes"] > curve[1]["forward_passes"]  # a read per word against one
     assert all(set(case["by_reading"]) == {"joint", "each"} for case in figure["draws"])
-    assert " each " in out.split("every draw judged")[1]
+    for case in figure["draws"]:  # the curve keeps, among the first k, the draw each reading scores highest
+        assert case["by_reading"]["joint"] == case["agreement"]
+    kept_each = [case["verdicts"][max(range(3), key=case["by_reading"]["each"].__getitem__)] for case in figure["draws"]]
+    judged = [v for v in kept_each if v is not None]
+    assert each[2]["accuracy"] == pytest.approx(sum(judged) / len(judged))
+    assert re.search(r"^\s+k\s+joint\s+passes\s+each\s+passes\s+any right$", out, re.M)
     one = json.loads(_eval_once(caption_model, tmp_path / "one"))["figures"]["text->image"]
     assert curve[0]["accuracy"] == one["accuracy"]  # the first draw is the case's own seed, drawn alone
     for bad, message in ((args[:-5] + ["--every-draw", "--out", str(tmp_path / "b")], "give --candidates N"),
                          (args[:-2] + ["--accept-confidence", "-1", "--out", str(tmp_path / "c")], "one or the other")):
         assert main(bad) == 2 and message in capsys.readouterr().err and not (tmp_path / bad[-1]).exists()
+
+
+def test_eval_chooses_by_the_reading_asked_and_refuses_it_where_nothing_is_chosen(caption_model, tmp_path, capsys):
+    """--agreement each: the kept draw is the one read best word by word (the run's best_of is that curve); on a
+    direction sampled greedily (one draw) the setting is set aside like the candidates; alone, it is refused."""
+    args = ["eval", "--model", str(caption_model), "--data", "scenes", "--n", "2", "--directions",
+            "text->image,image->text", "--steps", "2", "--candidates", "2", "--every-draw", "--agreement", "each",
+            "--out", str(tmp_path / "e")]
+    assert main(args) == 0, capsys.readouterr().err
+    figures = json.loads((tmp_path / "e" / "eval.json").read_text())["figures"]
+    assert figures["text->image"]["reading"] == "each"
+    assert figures["text->image"]["best_of"] == figures["text->image"]["best_of_by_reading"]["each"]
+    assert figures["text->image"]["best_of"][-1]["accuracy"] == figures["text->image"]["accuracy"]
+    assert "best_of" not in figures["image->text"] and figures["image->text"]["candidates"] == 1  # greedy: one draw
+    bad = ["eval", "--model", str(caption_model), "--data", "scenes", "--n", "2", "--directions", "text->image",
+           "--agreement", "each", "--out", str(tmp_path / "b")]
+    assert main(bad) == 2 and "needs candidates > 1" in capsys.readouterr().err and not (tmp_path / "b").exists()
+    from unimodal.inference.evaluate import evaluate
+
+    with pytest.raises(InputError, match="give candidates > 1"):
+        evaluate(None, [], ["text->image"], {"agreement": "each"})
 
 
 def _eval_once(model, out) -> str:

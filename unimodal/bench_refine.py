@@ -151,14 +151,10 @@ def _draft(pipe, case, result, direction: _Direction | None = None):
                       {direction.target: torch.tensor(result.token_ids[direction.target])})
 
 
-def _agreement(pipe, case, result, direction: _Direction | None = None) -> float:
-    """How likely the model finds the case's input when it reads the output back (one call, no guidance)."""
-    return _agreement_read(pipe, case, result, direction)[0]
-
-
 def _agreement_read(pipe, case, result, direction: _Direction | None = None,
                     reading: str = "joint") -> tuple[float, int]:
-    """The agreement score read ``reading`` (joint: one call; each: a call per input token) and its passes."""
+    """How likely the model finds the case's input when it reads the output back (no guidance), read ``reading``
+    (joint: one call; each: a call per input token), and its passes."""
     return agreement_score(pipe.backbone, pipe.layout, _draft(pipe, case, result, direction), reading=reading)
 
 

@@ -243,13 +243,13 @@ class UniModal(DiffusionPipeline):
 
         ``candidates`` > 1: draw that many (seeds ``seed``, ``seed + 1``, ...; one batched sampler call) and return
         the one that agrees best with the inputs, read back by the same model (the prompt's log-probability when
-        the model reads it from each output: :func:`unimodal.inference.critique.agreement_score`, one forward
-        pass each). ``result.settings["candidates"]`` holds every candidate's seed, score and passes (``seeds``,
+        the model reads it from each output: :func:`unimodal.inference.critique.agreement_score`).
+        ``result.settings["candidates"]`` holds every candidate's seed, score and passes (``seeds``,
         ``agreement``, ``draw_passes``), how many were ``drawn`` and which was ``kept``; ``forward_passes`` counts
         all of them. Needs an input to agree with. ``agreement``: how each output is read back
         (:data:`~unimodal.inference.critique.AGREEMENT_READINGS`; None: :data:`AGREEMENT_DEFAULT`): ``"joint"``, every
-        input token masked at once (one pass); ``"each"``, each input token masked alone with the rest in view (a
-        pass per token): the words that name the content decide, not how likely the prompt's wording is
+        input token masked at once (one pass); ``"each"``, each word of a text input masked alone with the rest in
+        view (a pass per token): the words that name the content decide, not how likely the prompt's wording is
         (``result.settings["candidates"]["reading"]``).
 
         ``accept_confidence`` (with ``candidates`` > 1): draw the first alone and keep it, drawing no more, when the
@@ -352,7 +352,7 @@ class UniModal(DiffusionPipeline):
                 first = draws[0]
                 first.forward_passes += checked
                 first.settings = {**first.settings, "candidates": {"n": candidates, "drawn": 1, "kept": 0,
-                                                                   "seeds": [seed], **check}}
+                                                                   "seeds": [seed], "reading": agreement, **check}}
                 return (first, draws) if keep_draws else first
             rest = self.generate_batch(requests[1:], progress=progress, **sampling)
             with self._lock:
