@@ -56,8 +56,12 @@ def test_summary_counts_the_verdicts_and_names_what_was_not_judged(demo_page):
     assert counts["judged"] + counts["not_judged"] == len(DIRECTIONS)
     assert counts["not_judged"] >= 2  # text->audio and image->audio: speech judging was switched off
     assert any("speech was not judged" in note for note in summary["notes"])
-    # the loop ran (it stops early when a round is not kept or nothing is flagged), never past its rounds
-    assert 1 <= len(summary["refine"]["trace"]) <= REFINE_ROUNDS
+    # the loop ran, never past its rounds (it stops early when a round is not kept), or said why it ran none
+    refine = summary["refine"]
+    assert len(refine["trace"]) <= REFINE_ROUNDS and refine["stopped"] in ("rounds", "nothing flagged", "no improvement")
+    assert refine["trace"] or (refine["stopped"] == "nothing flagged" and "No round ran (nothing flagged)"
+                                                                          in page.read_text(encoding="utf-8"))
+    assert refine["trace"] or f"refine: no round ({refine['stopped']})" in summary_line(summary)
     assert f"{counts['right']} of {counts['judged']} judged outputs right" in summary_line(summary)
 
 

@@ -393,7 +393,7 @@ def test_versus_ar_compares_both_models_on_the_same_prompts(tiny_codec_dir, capt
     assert report["temperature"] is None and "per-output sampling defaults" in out
     used = {(r["direction"], r["contender"]): r["effective_settings"] for r in report["rows"]}
     image = used[("text->image", "confidence8")]
-    assert (image["temperature"], image["cfg"]) == (1.0, 3.0)
+    assert (image["temperature"], image["cfg"]) == (0.7, 3.0)
     assert used[("image->text", "confidence8")]["temperature"] == 0.0
     assert used[("image->text", "tau0.95")]["mode"] == "threshold"
     assert main(["bench", "versus-ar", "--model", str(ar_dir), "--ar-model", str(caption_model),

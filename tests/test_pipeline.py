@@ -76,7 +76,7 @@ def test_scheduler_defaults_per_generated_modality(tmp_path):
 
     scheduler = MaskedDiffusionScheduler()
     image, text = scheduler.sampler_config("image"), scheduler.sampler_config("text")
-    assert (image.cfg, image.choice_temperature, image.temperature) == (3.0, 4.5, 1.0)
+    assert (image.cfg, image.choice_temperature, image.temperature) == (3.0, 4.5, 0.7)
     assert (text.cfg, text.choice_temperature, text.temperature) == (None, 0.0, 0.0)
     speech = scheduler.sampler_config("audio")
     assert (speech.cfg, speech.choice_temperature, speech.temperature, speech.steps) == (3.0, 4.5, 0.7, 32)
@@ -376,9 +376,9 @@ def test_same_seed_same_output_and_batch_equals_one_by_one(pipe):
         seed = request.pop("seed", 7 + index)
         alone = pipe.generate(**request, seed=seed, temperature=1.0, **FAST)
         assert alone.token_ids == result.token_ids and result.settings["seed"] == seed
-    again = pipe.generate(text="a red circle", to="image", seed=7, **FAST)
+    again = pipe.generate(text="a red circle", to="image", seed=7, temperature=1.0, **FAST)
     assert again.token_ids == batch[0].token_ids
-    other = pipe.generate(text="a red circle", to="image", seed=8, **FAST)
+    other = pipe.generate(text="a red circle", to="image", seed=8, temperature=1.0, **FAST)
     assert other.token_ids != batch[0].token_ids
     fresh = pipe.generate(text="a red circle", to="image", seed=None, **FAST)
     assert isinstance(fresh.settings["seed"], int)
@@ -515,7 +515,7 @@ def test_accept_confidence_keeps_a_sure_first_draw_and_draws_the_rest_otherwise(
 def test_each_output_gets_its_modalitys_defaults_under_the_callers_settings(pipe):
     image = pipe.generate(text="a red circle", to="image", **FAST)
     caption = pipe.generate(image=picture(), to="text", **FAST)
-    assert (image.settings["cfg"], image.settings["choice_temperature"], image.settings["temperature"]) == (3.0, 4.5, 1.0)
+    assert (image.settings["cfg"], image.settings["choice_temperature"], image.settings["temperature"]) == (3.0, 4.5, 0.7)
     assert (caption.settings["cfg"], caption.settings["temperature"]) == (None, 0.0)
     mine = pipe.generate(text="a red circle", to="image", cfg=1.0, choice_temperature=0.0, **FAST)
     assert (mine.settings["cfg"], mine.settings["choice_temperature"]) == (1.0, 0.0)

@@ -43,6 +43,7 @@ class DemoRun:
     results: dict = field(default_factory=dict)
     verdicts: dict = field(default_factory=dict)
     rounds: list = field(default_factory=list)
+    refine_stopped: str = ""  # why the refine loop ended (refine's trace: "nothing flagged", "rounds", ...)
     edits: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)
@@ -165,9 +166,10 @@ def _joint_verdict(result, transcript, judges, judge_speech: bool, judge_picture
             **({"transcript": transcript} if judge_speech else {}), **read}
 
 
-def refine_rounds(pipe, draft, case, seed: int, judge_pictures: bool, log) -> list[dict]:
+def refine_rounds(pipe, draft, case, seed: int, judge_pictures: bool, log) -> tuple[list[dict], str]:
     """The text->image draft repaired round by round: per round the picture before, the regions the critic
-    flagged on it, the picture after, the critic's score before and after, and the scene judge's verdicts."""
+    flagged on it, the picture after, the critic's score before and after, and the scene judge's verdicts; and
+    why the loop stopped (a draft the critic doubts nowhere runs no round: "nothing flagged")."""
     states = [draft.image]
     log(f"refining the text->image picture ({REFINE_ROUNDS} rounds)")
     _, trace = pipe.refine(draft, text=case.text, rounds=REFINE_ROUNDS, groups=REFINE_GROUPS,
@@ -187,7 +189,7 @@ def refine_rounds(pipe, draft, case, seed: int, judge_pictures: bool, log) -> li
                        "kept": record["kept"], "tokens_remasked": record["tokens_remasked"],
                        "correct_before": _scene_right(judge, case.truth, before),
                        "correct_after": _scene_right(judge, case.truth, after)})
-    return rounds
+    return rounds, trace["stopped"]
 
 
 def instructed_edits(pipe, case, seed: int, judge_pictures: bool, log) -> list[dict]:
@@ -245,7 +247,8 @@ def run_demo(out: str | os.PathLike = DEFAULT_OUT, model=None, device: str | Non
     run.timings["generate_s"] = round(log.elapsed(), 1)
     run.notes = [note for note in (scene_judge_status(), speech_judge_status(judge_speech)) if note]
     judge_pictures, judge_speech = scene_judge_status() is None, speech_judge_status(judge_speech) is None
-    run.rounds = refine_rounds(pipe, run.results["text->image"], run.case, seed, judge_pictures, log)
+    run.rounds, run.refine_stopped = refine_rounds(pipe, run.results["text->image"], run.case, seed, judge_pictures,
+                                                   log)
     run.edits = instructed_edits(pipe, run.case, seed, judge_pictures, log)
     log("judging the outputs" + (" (Whisper transcribes the speech)" if judge_speech else ""))
     run.verdicts = judge_directions(run.case, run.results, judge_speech, judge_pictures)
@@ -264,6 +267,8 @@ def summary_line(summary: dict) -> str:
     if refine["rounds"]:
         rounds = f"{refine['rounds']} round{'s' if refine['rounds'] != 1 else ''}"
         line += f"; refine: {rounds}, draft {_word(refine['draft_right'])} -> {_word(refine['final_right'])}"
+    elif refine.get("stopped"):
+        line += f"; refine: no round ({refine['stopped']})"
     edits = summary["edits"]
     if edits["n"]:
         line += (f"; edits: {edits['right']} of {edits['n']} judged right" if edits["judged"]

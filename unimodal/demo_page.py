@@ -129,7 +129,8 @@ def build_summary(run, inputs: dict, outputs: dict, rounds: list[dict], edits: l
             "counts": {"judged": len(judged), "right": sum(bool(v) for v in judged),
                        "not_judged": len(verdicts) - len(judged)},
             "refine": {"rounds": len(rounds), "draft_right": rounds[0]["correct_before"] if rounds else None,
-                       "final_right": rounds[-1]["correct_after"] if rounds else None, "trace": _plain(rounds)},
+                       "final_right": rounds[-1]["correct_after"] if rounds else None,
+                       "stopped": getattr(run, "refine_stopped", "") or None, "trace": _plain(rounds)},
             "edits": {"n": len(edits), "judged": sum(e.get("correct") is not None for e in edits),
                       "right": sum(bool(e.get("correct")) for e in edits), "trace": _plain(edits)},
             "notes": run.notes, "seconds": run.timings.get("total_s"), "timings": run.timings,
@@ -205,8 +206,12 @@ def _refine_section(refine: dict, draft_path: str) -> str:
             f'{_verdict({"correct": refine["draft_right"]})}). Each round the critic scores every 8x8 code of the '
             'picture by the model\'s own confidence (2 masked passes), re-masks the doubtful ones (outlined in yellow) and regenerates '
             'them in 4 steps with the rest as context; a round is kept only when the critic\'s score rises.</p>'
-            '<table><tr><th>round</th><th>flagged on the picture so far</th><th>repaired</th>'
-            '<th>critic score (mean log-prob)</th><th>scene judge</th></tr>' + "".join(rows) + "</table></section>")
+            + (f'<p>No round ran ({html.escape(refine.get("stopped") or "stopped")})'
+               + (': the critic doubted no code of this draft enough to re-mask it'
+                  if refine.get("stopped") == "nothing flagged" else "")
+               + ', so the picture stays as drawn.</p></section>' if not rows else
+               '<table><tr><th>round</th><th>flagged on the picture so far</th><th>repaired</th>'
+               '<th>critic score (mean log-prob)</th><th>scene judge</th></tr>' + "".join(rows) + "</table></section>"))
 
 
 def _edits_section(edits: dict) -> str:
