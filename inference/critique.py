@@ -35,11 +35,12 @@ import torch
 from unimodal.tokenizers_mm.layout import MASK, MODALITIES, Layout, Packed, Segment, collate
 from unimodal.inference.content import ContentCritic
 from unimodal.core.errors import InputError
+from unimodal.core.readings import AGREEMENTS, check_agreement
 
 CRITICS = ("learned", "confidence", "content", "content+learned", "random")
 CONTENT_CRITICS = ("content", "content+learned")  # the names made into a ContentCritic (they decode codes)
 HEAD_CRITICS = ("learned", "content+learned")  # the names that read the critic head (a trained one)
-AGREEMENT_READINGS = ("joint", "each")  # agreement_score: all at once (the default), word by word
+AGREEMENT_READINGS = AGREEMENTS  # agreement_score: all at once (the default), word by word (unimodal.core.readings)
 EACH_MAX_GROUPS = 32  # "each" reading: one pass per request token up to this many (a caption has fewer)
 DEFAULT_GROUPS = 4  # re-masking a quarter at a time keeps 3/4 of the context for each scored token
 DEFAULT_FRACTION = 0.25  # at most this share of a modality's tokens is flagged per critique
@@ -276,8 +277,7 @@ def agreement_score(model, layout: Layout, draft: Draft, cfg=None, reading: str 
     own tokens, not whether they show what was asked; on 64 test scenes with 4 pictures each (shipped model),
     it ranked a judged-right picture above a judged-wrong one of the same request in 46% of pairs, the joint
     reading in 72% (docs/results.md, "Keeping a round by agreement")."""
-    if reading not in AGREEMENT_READINGS:
-        raise InputError(f"reading must be one of {AGREEMENT_READINGS}, got {reading!r}")
+    check_agreement(reading, error=InputError, name="reading")
     if not draft.conditions:
         raise InputError("the agreement score reads the request back from the draft; this draft was generated "
                          "from no input (nothing to agree with)")

@@ -31,6 +31,7 @@ import numpy as np
 
 from unimodal.core.errors import InputError
 from unimodal.core.paths import model_hash  # noqa: F401  (re-exported: the reports' model hash)
+from unimodal.core.readings import check_agreement
 from unimodal.core.grammar import parse_digit_caption, parse_scene_caption, scenes_equal
 
 DIRECTIONS = ("text->image", "image->text", "audio->text", "text->audio", "image->audio", "audio->image", "joint")
@@ -371,30 +372,13 @@ def every_draw_figures(by_draw: Sequence[Sequence[dict]], meta: Sequence[Mapping
     per_draw = [verdicts_of([score.get("correct") for score in judged]) for judged in by_draw]
     by_case = [[per_draw[k][i] for k in range(len(by_draw))] for i in range(len(meta))]
     draw_passes = [float(np.mean(m["draw_passes"])) for m in meta]
-    readings = list(meta[0].get("by_reading") or {}) if meta else []
+    readings = list(meta[0]["by_reading"])  # best_of reads every draw in every reading
     curves = {r: best_of_curve(by_case, [m["by_reading"][r]["agreement"] for m in meta], draw_passes,
                                float(np.mean([m["by_reading"][r]["read_passes"] for m in meta]))) for r in readings}
-    chosen = meta[0].get("reading") if meta else None
-    figures = {"reading": chosen,
-               "best_of": curves.get(chosen) or best_of_curve(by_case, [m["agreement"] for m in meta], draw_passes),
-               "best_of_by_reading": curves,
-               "draws": [{"verdicts": v, "agreement": m["agreement"],
-                          **({"by_reading": {r: m["by_reading"][r]["agreement"] for r in readings}} if readings else {})}
-                         for v, m in zip(by_case, meta)]}
-    return figures
-
-
-def _check_agreement(agreement: str | None, candidates: int | None) -> None:
-    """An ``agreement`` setting names a reading and chooses among candidates (the CLI's checks refuse the same
-    before the model loads; this is for Python callers of :func:`evaluate`)."""
-    from unimodal.inference.critique import AGREEMENT_READINGS
-
-    if agreement is None:
-        return
-    if agreement not in AGREEMENT_READINGS:
-        raise InputError(f"agreement must be one of {AGREEMENT_READINGS}, got {agreement!r}")
-    if (candidates or 1) < 2 and agreement != AGREEMENT_READINGS[0]:
-        raise InputError(f"agreement={agreement!r} chooses among several draws; give candidates > 1")
+    return {"reading": meta[0]["reading"], "best_of": curves[meta[0]["reading"]], "best_of_by_reading": curves,
+            "draws": [{"verdicts": v, "agreement": m["agreement"],
+                       "by_reading": {r: m["by_reading"][r]["agreement"] for r in readings}}
+                      for v, m in zip(by_case, meta)]}
 
 
 def check_every_draw(every_draw: bool, candidates: int | None, accept_confidence: float | None) -> None:
@@ -423,7 +407,8 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
     if isinstance(refine_rounds, bool) or not isinstance(refine_rounds, int) or refine_rounds < 0:
         raise InputError(f"refine_rounds must be an int >= 0, got {refine_rounds!r}")
     check_every_draw(every_draw, (settings or {}).get("candidates"), (settings or {}).get("accept_confidence"))
-    _check_agreement((settings or {}).get("agreement"), (settings or {}).get("candidates"))
+    # what the CLI's checks refuse before the model loads, for Python callers (one draw drops it unread)
+    check_agreement((settings or {}).get("agreement"), (settings or {}).get("candidates") or 1)
     if not cases:
         raise InputError("unimodal eval needs at least one case")
     judges, settings = judges or Judges(), dict(settings or {})
@@ -544,10 +529,10 @@ def format_table(report: dict) -> str:
             lines.append(f"  {direction} sampled with {json.dumps(fig['sampler'])}")
     for direction, fig in report["figures"].items():
         if fig.get("best_of"):
-            curves = fig.get("best_of_by_reading") or {fig.get("reading") or "agreement": fig["best_of"]}
+            curves = fig["best_of_by_reading"]
             before = ", the draws before refine" if report.get("refine_rounds") else ""
             lines.append(f"{direction}, every draw judged{before}: best of k, kept by agreement read each way (as "
-                         f"candidates=k, agreement=... keeps it; the run chose by {fig.get('reading') or 'joint'}), "
+                         f"candidates=k, agreement=... keeps it; the run chose by {fig['reading']}), "
                          f"and some draw of the k right (s/sample above includes reading every draw each way)")
             lines.append(f"  {'k':>3} " + " ".join(f"{r:>8} {'passes':>7}" for r in curves) + f" {'any right':>9}")
             for k, row in enumerate(fig["best_of"]):
@@ -579,22 +564,19 @@ def save_report(report: dict, out: str | Path, grid_size: int = 16) -> list[Path
         written += _save_clips(results[:2], out / f"{name}")
         fig = report["figures"].get(direction, {})
         if fig.get("best_of"):
-            written.append(plot_best_of(direction, fig.get("best_of_by_reading") or {"agreement": fig["best_of"]},
-                                        out / f"best_of_{name}.png"))
+            written.append(plot_best_of(direction, fig["best_of_by_reading"], out / f"best_of_{name}.png"))
     return written
 
 
-def plot_best_of(direction: str, curves: Mapping[str, Sequence[dict]] | Sequence[dict], path: Path) -> Path:
+def plot_best_of(direction: str, curves: Mapping[str, Sequence[dict]], path: Path) -> Path:
     """``best_of_<direction>.png``: judged accuracy of best-of-k (kept by agreement, one line per reading in
-    ``curves``: reading -> curve, or one curve) and of a perfect chooser (some draw of the k right) against the
-    forward passes each k costs."""
+    ``curves``: reading -> curve) and of a perfect chooser (some draw of the k right) against the forward passes
+    each k costs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if not isinstance(curves, Mapping):
-        curves = {"agreement": curves}
     figure, axis = plt.subplots(figsize=(5.5, 3.6), dpi=100)
     for reading, curve in curves.items():
         passes = [row["forward_passes"] for row in curve]

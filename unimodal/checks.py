@@ -26,6 +26,7 @@ from pathlib import Path
 from unimodal.core.errors import (DeviceError, EmptyInputError, InputError, InputFileError, ModelFolderError,
                              OutputPathError, SettingError, TextEncodingError)
 from unimodal.core.paths import OUTPUT_SUFFIXES, user_path
+from unimodal.core.readings import AGREEMENT_DEFAULT, AGREEMENTS, check_agreement  # noqa: F401 (re-exported)
 from unimodal.core.seeds import check_seed
 
 MODALITIES = ("text", "image", "audio")
@@ -34,10 +35,6 @@ SCHEDULES = ("cosine", "linear")
 BLOCK_MODES = ("confidence", "threshold")
 INPUT_KEYS = MODALITIES
 PLANS = ("text", "text-only", "none")  # UniModal.generate's ``plan``
-# How candidates are read back to choose among them (unimodal.inference.critique.AGREEMENT_READINGS, kept in step
-# by a test) and the reading used when none is asked for.
-AGREEMENTS = ("joint", "each")
-AGREEMENT_DEFAULT = "joint"
 SETTING_KEYS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "seed", "max_text_tokens",
                 "max_audio_seconds", "schedule", "block_length", "block_mode", "choice_temperature", "candidates",
                 "accept_confidence", "agreement", "plan", "refine")
@@ -235,18 +232,6 @@ def check_accept_confidence(value, candidates: int = 2) -> float | None:
     return value
 
 
-def check_agreement(value, candidates: int = 2) -> str:
-    """``agreement``: how candidates are read back to choose one (:data:`AGREEMENTS`; None: :data:`AGREEMENT_DEFAULT`);
-    a reading other than the default only with candidates > 1 (one draw has nothing to choose among)."""
-    if value is None:
-        return AGREEMENT_DEFAULT
-    value = _choice_setting("agreement", value, AGREEMENTS)
-    if candidates < 2 and value != AGREEMENT_DEFAULT:
-        raise SettingError(f"agreement={value!r} chooses among several draws; it needs candidates > 1 (e.g. "
-                           f"candidates=4), got candidates={candidates}")
-    return value
-
-
 def check_plan(plan) -> str:
     """UniModal.generate's ``plan``: one of :data:`PLANS` (the API, the CLI and the servers ask the same)."""
     if plan not in PLANS:
@@ -286,7 +271,7 @@ _SETTING_CHECKS = {
     "candidates": check_candidates,
     "refine": check_refine_rounds,
     "accept_confidence": check_accept_confidence,
-    "agreement": lambda v: _choice_setting("agreement", v, AGREEMENTS),
+    "agreement": check_agreement,
     "seed": lambda v: check_seed(v, error=SettingError),
     "mode": lambda v: _choice_setting("mode", v, MODES),
     "schedule": lambda v: _choice_setting("schedule", v, SCHEDULES),

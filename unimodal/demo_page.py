@@ -130,7 +130,7 @@ def build_summary(run, inputs: dict, outputs: dict, rounds: list[dict], edits: l
                        "not_judged": len(verdicts) - len(judged)},
             "refine": {"rounds": len(rounds), "draft_right": rounds[0]["correct_before"] if rounds else None,
                        "final_right": rounds[-1]["correct_after"] if rounds else None,
-                       "stopped": getattr(run, "refine_stopped", "") or None, "trace": _plain(rounds)},
+                       "stopped": run.refine_stopped or None, "trace": _plain(rounds)},
             "edits": {"n": len(edits), "judged": sum(e.get("correct") is not None for e in edits),
                       "right": sum(bool(e.get("correct")) for e in edits), "trace": _plain(edits)},
             "notes": run.notes, "seconds": run.timings.get("total_s"), "timings": run.timings,
