@@ -31,6 +31,7 @@ import numpy as np
 
 from unimodal.core.errors import InputError
 from unimodal.core.paths import model_hash  # noqa: F401  (re-exported: the reports' model hash)
+from unimodal.core.ranking import auroc, auroc_within
 from unimodal.core.readings import check_agreement
 from unimodal.core.grammar import parse_digit_caption, parse_scene_caption, scenes_equal
 
@@ -156,7 +157,7 @@ def eval_requests(direction: str, cases: Sequence[EvalCase], seed: int) -> list[
     return requests
 
 
-CHOOSING_SETTINGS = ("candidates", "accept_confidence", "agreement")  # how to choose among draws, not how to draw
+CHOOSING_SETTINGS = ("candidates", "accept_confidence", "accept_agreement", "agreement")  # how to choose among draws, not how to draw
 
 
 def candidates_used(pipe, direction: str, settings: Mapping) -> int:
@@ -368,22 +369,32 @@ def every_draw_figures(by_draw: Sequence[Sequence[dict]], meta: Sequence[Mapping
     """A direction's ``--every-draw`` figures from every draw's scores (``by_draw[k][i]``: draw k of case i) and
     each kept result's ``settings["candidates"]`` (``meta``, from :meth:`UniModal.best_of`): ``best_of``, the
     curve of the reading that chose (``reading``); ``best_of_by_reading``, the curve had each reading chosen;
-    ``draws``, per case each draw's verdict and scores, enough to replay another rule of keeping."""
+    ``draws``, per case each draw's verdict and scores, enough to replay another rule of keeping; ``detection``,
+    per reading, how well its score tells a judged-wrong draw from a right one (AUROC over every draw, and
+    ``within`` a case: over the pairs it chooses between)."""
     per_draw = [verdicts_of([score.get("correct") for score in judged]) for judged in by_draw]
     by_case = [[per_draw[k][i] for k in range(len(by_draw))] for i in range(len(meta))]
     draw_passes = [float(np.mean(m["draw_passes"])) for m in meta]
     readings = list(meta[0]["by_reading"])  # best_of reads every draw in every reading
     curves = {r: best_of_curve(by_case, [m["by_reading"][r]["agreement"] for m in meta], draw_passes,
                                float(np.mean([m["by_reading"][r]["read_passes"] for m in meta]))) for r in readings}
+    detection = {}
+    for r in readings:
+        groups = [([s for s, v in zip(m["by_reading"][r]["agreement"], verdicts) if v is not None],
+                   [not v for v in verdicts if v is not None]) for m, verdicts in zip(meta, by_case)]
+        pooled = [np.concatenate([np.asarray(g[k], dtype=float) for g in groups]) for k in (0, 1)]
+        detection[r] = {"auroc": auroc(pooled[0], pooled[1].astype(bool)), "within": auroc_within(groups)}
     return {"reading": meta[0]["reading"], "best_of": curves[meta[0]["reading"]], "best_of_by_reading": curves,
-            "draws": [{"verdicts": v, "agreement": m["agreement"],
+            "detection": detection, "draws": [{"verdicts": v, "agreement": m["agreement"],
                        "by_reading": {r: m["by_reading"][r]["agreement"] for r in readings}}
                       for v, m in zip(by_case, meta)]}
 
 
-def check_every_draw(every_draw: bool, candidates: int | None, accept_confidence: float | None) -> None:
-    """Refuse ``every_draw`` (``--every-draw``) without candidates to judge, or beside ``accept_confidence``, which
-    stops after the first draw; the CLI calls it before the model loads, :func:`evaluate` for Python callers."""
+def check_every_draw(every_draw: bool, candidates: int | None, accept_confidence: float | None,
+                     accept_agreement: float | None = None) -> None:
+    """Refuse ``every_draw`` (``--every-draw``) without candidates to judge, or beside ``accept_confidence`` or
+    ``accept_agreement``, which stop drawing early; the CLI calls it before the model loads, :func:`evaluate` for
+    Python callers."""
     if not every_draw:
         return
     if (candidates or 1) < 2:
@@ -392,6 +403,9 @@ def check_every_draw(every_draw: bool, candidates: int | None, accept_confidence
     if accept_confidence is not None:
         raise InputError("every_draw (--every-draw) judges all the candidates; accept_confidence "
                          "(--accept-confidence) stops after the first: give one or the other")
+    if accept_agreement is not None:
+        raise InputError("every_draw (--every-draw) judges all the candidates; accept_agreement "
+                         "(--accept-agreement) stops at the first that reads back as asked: give one or the other")
 
 
 def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECTIONS, settings: dict | None = None,
@@ -406,7 +420,8 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
     ``best_of``: what each k from 1 to the candidates would have reached, from this one run."""
     if isinstance(refine_rounds, bool) or not isinstance(refine_rounds, int) or refine_rounds < 0:
         raise InputError(f"refine_rounds must be an int >= 0, got {refine_rounds!r}")
-    check_every_draw(every_draw, (settings or {}).get("candidates"), (settings or {}).get("accept_confidence"))
+    check_every_draw(every_draw, (settings or {}).get("candidates"), (settings or {}).get("accept_confidence"),
+                     (settings or {}).get("accept_agreement"))
     # what the CLI's checks refuse before the model loads, for Python callers (one draw drops it unread)
     check_agreement((settings or {}).get("agreement"), (settings or {}).get("candidates") or 1)
     if not cases:
@@ -538,6 +553,9 @@ def format_table(report: dict) -> str:
             for k, row in enumerate(fig["best_of"]):
                 lines.append(f"  {row['k']:>3} " + " ".join(f"{_fmt(c[k]['accuracy']):>8} {c[k]['forward_passes']:>7.1f}"
                                                             for c in curves.values()) + f" {_fmt(row['any_right']):>9}")
+            if fig.get("detection"):
+                lines.append("  a judged-wrong draw scored below a right one (AUROC; within a case): " + ", ".join(
+                    f"{r} {_fmt(d['auroc'])} ({_fmt(d['within'])})" for r, d in fig["detection"].items()))
     return "\n".join(lines)
 
 

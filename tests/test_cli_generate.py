@@ -54,6 +54,15 @@ def test_generate_candidates_keeps_the_best_read_back(model_dir, tmp_path, capsy
                        "0.5", "--candidates", "2", "--out", tmp_path / "y.png")
     assert code == 2 and "accept_confidence must be a number <= 0" in err and not (tmp_path / "y.png").exists()
     code, out, err = run(capsys, "generate", "--model", model_dir, "--text", "a red circle", "--to", "image",
+                         "--steps", "2", "--candidates", "3", "--accept-agreement", "-1000", "--out",
+                         tmp_path / "agreed.png", "--json", "--quiet")
+    assert code == 0, err
+    agreed = json.loads(out)["settings"]["candidates"]
+    assert (agreed["drawn"], agreed["kept"], agreed["accepted"]) == (1, 0, True) and (tmp_path / "agreed.png").is_file()
+    code, _, err = run(capsys, "generate", "--model", model_dir, "--text", "a red circle", "--accept-agreement",
+                       "-0.3", "--accept-confidence", "-0.1", "--candidates", "2", "--out", tmp_path / "z.png")
+    assert code == 2 and "give one or the other" in err and not (tmp_path / "z.png").exists()
+    code, out, err = run(capsys, "generate", "--model", model_dir, "--text", "a red circle", "--to", "image",
                          "--steps", "2", "--candidates", "2", "--agreement", "each", "--out", tmp_path / "each.png",
                          "--json", "--quiet")
     assert code == 0, err

@@ -833,3 +833,16 @@ def test_bench_refine_repair_mode_and_auroc(tiny_codec_dir, tmp_path, capsys):
                          modality="text", progress=None)
     assert capsys.readouterr() == ("", "")
     assert quiet["critics"]["confidence"]["auroc"] == report["critics"]["confidence"]["auroc"]
+
+
+def test_auroc_within_ranks_only_the_draws_of_one_request():
+    """auroc_within: pairs of one group only; a request whose draws are all right (or all wrong) adds no pair."""
+    from unimodal.core.ranking import auroc, auroc_within
+
+    groups = [([-1.0, -0.1], [True, False]), ([-5.0, -6.0], [False, True]), ([-0.3, -0.2], [False, False])]
+    assert auroc_within(groups) == 1.0  # within each request the wrong draw reads worse
+    # pooled, request 2's right draw (-5.0) reads below request 1's wrong one (-1.0): not every pair is ranked right
+    pooled = auroc([-1.0, -0.1, -5.0, -6.0, -0.3, -0.2], [True, False, False, True, False, False])
+    assert pooled == pytest.approx(7 / 8)
+    assert auroc_within([([-1.0, -2.0], [False, False])]) is None and auroc([0.1], [True]) is None
+    assert auroc_within([([-1.0, -1.0], [True, False])]) == 0.5  # a tie counts half

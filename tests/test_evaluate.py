@@ -236,6 +236,13 @@ def test_eval_with_candidates_judges_the_kept_draw(caption_model, tmp_path, caps
     assert sure["settings"]["accept_confidence"] == -1000 and seen == [2, 2]
     assert sure["figures"]["text->image"]["drawn_per_case"] == 1  # every first draw was sure enough: none drawn more
     seen.clear()
+    assert main(args[:-2] + ["--accept-agreement", "-1000", "--out", str(tmp_path / "g")]) == 0
+    agreed = json.loads((tmp_path / "g" / "eval.json").read_text())
+    assert agreed["settings"]["accept_agreement"] == -1000 and seen == [2, 2]
+    assert agreed["figures"]["text->image"]["drawn_per_case"] == 1  # every first draw read back well enough
+    assert main(args[:-2] + ["--accept-agreement", "0", "--out", str(tmp_path / "h")]) == 0
+    assert json.loads((tmp_path / "h" / "eval.json").read_text())["figures"]["text->image"]["drawn_per_case"] > 1
+    seen.clear()
     bad = args[:-2] + ["--candidates", "0", "--out", str(tmp_path / "bad")]
     assert main(bad) == 2 and seen == [] and not (tmp_path / "bad").exists()  # refused before any case is drawn
     assert "candidates must be an int from 1 to 64" in capsys.readouterr().err
@@ -283,10 +290,21 @@ def test_eval_every_draw_judges_each_candidate_and_prints_the_curve(caption_mode
     judged = [v for v in kept_each if v is not None]
     assert each[2]["accuracy"] == pytest.approx(sum(judged) / len(judged))
     assert re.search(r"^\s+k\s+joint\s+passes\s+each\s+passes\s+any right$", out, re.M)
+    for reading, found in figure["detection"].items():  # the readings as detectors of a wrong draw, from the draws
+        scored = [(a, not v) for case in figure["draws"] for v, a in zip(case["verdicts"], case["by_reading"][reading])
+                  if v is not None]
+        wrong = [a for a, w in scored if w]
+        right = [a for a, w in scored if not w]
+        expected = (sum((a < b) + 0.5 * (a == b) for a in wrong for b in right) / (len(wrong) * len(right))
+                    if wrong and right else None)
+        assert found["auroc"] == (pytest.approx(expected) if expected is not None else None)
+        assert found["within"] is None or 0 <= found["within"] <= 1
+    assert "a judged-wrong draw scored below a right one" in out
     one = json.loads(_eval_once(caption_model, tmp_path / "one"))["figures"]["text->image"]
     assert curve[0]["accuracy"] == one["accuracy"]  # the first draw is the case's own seed, drawn alone
     for bad, message in ((args[:-5] + ["--every-draw", "--out", str(tmp_path / "b")], "give --candidates N"),
-                         (args[:-2] + ["--accept-confidence", "-1", "--out", str(tmp_path / "c")], "one or the other")):
+                         (args[:-2] + ["--accept-confidence", "-1", "--out", str(tmp_path / "c")], "one or the other"),
+                         (args[:-2] + ["--accept-agreement", "-1", "--out", str(tmp_path / "d")], "one or the other")):
         assert main(bad) == 2 and message in capsys.readouterr().err and not (tmp_path / bad[-1]).exists()
 
 

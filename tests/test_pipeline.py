@@ -512,6 +512,43 @@ def test_accept_confidence_keeps_a_sure_first_draw_and_draws_the_rest_otherwise(
         pipe.generate(text="a red circle", to="image", accept_confidence=-0.1)
 
 
+def test_accept_agreement_draws_one_at_a_time_until_a_draw_reads_back_as_asked(pipe):
+    """accept_agreement: draws made one by one (seed, seed + 1, ...), each read back as it comes; the first whose
+    score reaches the bar is kept and no more are drawn; when none does, all are drawn and the best kept, the
+    same draw as without it. Passes count the draws made and their reads; refused without candidates, beside
+    accept_confidence, or above 0."""
+    from unimodal.inference.critique import agreement_score
+    from unimodal.refine import draft_of
+
+    prompt = {"text": "a red circle"}
+    singles = [pipe.generate(**prompt, to="image", steps=4, seed=5 + k) for k in range(3)]
+    reads = [agreement_score(pipe.backbone, pipe.layout, draft_of(pipe, d, prompt), reading="each") for d in singles]
+    scores = [score for score, _ in reads]
+    bar = scores[1] - 1e-4  # the second draw reaches it; whether the first does decides where drawing stops
+    stop = 0 if scores[0] >= bar else 1
+    until = pipe.generate(**prompt, to="image", steps=4, seed=5, candidates=3, agreement="each", accept_agreement=bar)
+    chosen = until.settings["candidates"]
+    assert (chosen["drawn"], chosen["kept"], chosen["seeds"]) == (stop + 1, stop, [5 + k for k in range(stop + 1)])
+    assert chosen["accepted"] and chosen["accept_agreement"] == bar and chosen["reading"] == "each"
+    assert chosen["agreement"] == pytest.approx(scores[:stop + 1], abs=1e-5)
+    assert until.token_ids == singles[stop].token_ids
+    assert until.forward_passes == sum(d.forward_passes + calls for d, (_, calls) in zip(singles[:stop + 1], reads))
+    never = pipe.generate(**prompt, to="image", steps=4, seed=5, candidates=3, agreement="each",
+                          accept_agreement=max(scores) + 1e-3) if max(scores) + 1e-3 <= 0 else None
+    if never is not None:  # a bar no draw reaches: all drawn, the best kept, as always drawing all keeps it
+        every = pipe.generate(**prompt, to="image", steps=4, seed=5, candidates=3, agreement="each")
+        assert never.settings["candidates"]["drawn"] == 3 and not never.settings["candidates"]["accepted"]
+        assert never.token_ids == every.token_ids
+        assert never.settings["candidates"]["kept"] == every.settings["candidates"]["kept"]
+    for bad in (0.5, float("nan"), "high", True):
+        with pytest.raises(SettingError, match="accept_agreement must be a number <= 0"):
+            pipe.generate(**prompt, to="image", candidates=2, accept_agreement=bad)
+    with pytest.raises(SettingError, match="needs candidates > 1"):
+        pipe.generate(**prompt, to="image", accept_agreement=-0.3)
+    with pytest.raises(SettingError, match="give one or the other"):
+        pipe.generate(**prompt, to="image", candidates=2, accept_agreement=-0.3, accept_confidence=-0.1)
+
+
 def test_each_output_gets_its_modalitys_defaults_under_the_callers_settings(pipe):
     image = pipe.generate(text="a red circle", to="image", **FAST)
     caption = pipe.generate(image=picture(), to="text", **FAST)

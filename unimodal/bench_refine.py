@@ -31,6 +31,7 @@ import numpy as np
 from unimodal.inference.critique import agreement_score, confidence_scores, make_draft, sample_score
 from unimodal.inference.evaluate import EvalCase, Judges, caption_correct, judge_image, paired_difference, verdicts_of
 from unimodal.core.errors import InputError
+from unimodal.core.ranking import auroc
 
 BEST_OF_SEED_STRIDE = 100_003
 DIRECTIONS = ("text->image", "image->text")
@@ -191,15 +192,6 @@ def bench_refine(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confiden
     report["best_of"] = _best_of(pipe, cases, base, judges, best_of, seed, groups, batch_size, way,
                                  best_of_temperature)
     return report
-
-
-def auroc(scores: np.ndarray, wrong: np.ndarray) -> float | None:
-    """Chance that a wrong token scores below a right one (ties count half): the critic's AUROC."""
-    bad, good = scores[wrong], scores[~wrong]
-    if not len(bad) or not len(good):
-        return None
-    below = (bad[:, None] < good[None, :]).mean() + 0.5 * (bad[:, None] == good[None, :]).mean()
-    return float(below)
 
 
 REPAIR_MODALITIES = ("image", "text", "audio")

@@ -37,7 +37,7 @@ INPUT_KEYS = MODALITIES
 PLANS = ("text", "text-only", "none")  # UniModal.generate's ``plan``
 SETTING_KEYS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "seed", "max_text_tokens",
                 "max_audio_seconds", "schedule", "block_length", "block_mode", "choice_temperature", "candidates",
-                "accept_confidence", "agreement", "plan", "refine")
+                "accept_confidence", "accept_agreement", "agreement", "plan", "refine")
 GENERATE_KEYS = INPUT_KEYS + ("to", "out") + SETTING_KEYS
 MAX_CANDIDATES = 64  # draws of one request kept to the best: more is a batch job, not a request
 MAX_REFINE_ROUNDS = 32  # refine rounds after a generate request (each is a regeneration: more is a benchmark)
@@ -220,15 +220,35 @@ def check_draws_differ(candidates: int, differ: bool) -> None:
                            f"(e.g. 0.7) or choice_temperature > 0, or candidates=1")
 
 
+def _stop_rule(name: str, value, candidates: int, example: str, does: str) -> float | None:
+    """A rule for when to stop drawing candidates: a mean log-probability (a number <= 0) that needs candidates
+    > 1 to stop among (None: always draw all)."""
+    if value is None:
+        return None
+    value = _real_setting(name, value, f"<= 0 (a mean log-probability, e.g. {example})", lambda x: x <= 0)
+    if candidates < 2:
+        raise SettingError(f"{name}={value} {does}; it needs candidates > 1 (e.g. candidates=4), got "
+                           f"candidates={candidates}")
+    return value
+
+
 def check_accept_confidence(value, candidates: int = 2) -> float | None:
     """``accept_confidence``: a mean log-probability (a number <= 0), the confidence score at which the first of
     ``candidates`` draws is kept without drawing the others; only with candidates > 1 (None: always draw all)."""
-    if value is None:
-        return None
-    value = _real_setting("accept_confidence", value, "<= 0 (a mean log-probability, e.g. -0.1)", lambda x: x <= 0)
-    if candidates < 2:
-        raise SettingError(f"accept_confidence={value} keeps the first of several draws when the model is sure of it; "
-                           f"it needs candidates > 1 (e.g. candidates=8), got candidates={candidates}")
+    return _stop_rule("accept_confidence", value, candidates, "-0.1",
+                      "keeps the first of several draws when the model is sure of it")
+
+
+def check_accept_agreement(value, candidates: int = 2, accept_confidence=None) -> float | None:
+    """``accept_agreement``: an agreement score (a mean log-probability, a number <= 0) at which a draw is kept
+    without drawing the rest: the draws are made one at a time and read back as they come; only with
+    candidates > 1, and not beside ``accept_confidence`` (two rules for when to stop; None: always draw all)."""
+    value = _stop_rule("accept_agreement", value, candidates, "-0.3",
+                       "stops drawing at the first draw that reads back as asked")
+    if value is not None and accept_confidence is not None:
+        raise SettingError(f"accept_agreement={value} and accept_confidence={accept_confidence} are two rules for "
+                           "when to stop drawing (the input read back from a draw, or the model's confidence in the "
+                           "first): give one or the other")
     return value
 
 
@@ -271,6 +291,7 @@ _SETTING_CHECKS = {
     "candidates": check_candidates,
     "refine": check_refine_rounds,
     "accept_confidence": check_accept_confidence,
+    "accept_agreement": check_accept_agreement,
     "agreement": check_agreement,
     "seed": lambda v: check_seed(v, error=SettingError),
     "mode": lambda v: _choice_setting("mode", v, MODES),
@@ -295,6 +316,9 @@ def check_settings(settings: Mapping) -> dict:
     checked = {name: _SETTING_CHECKS[name](value) for name, value in settings.items() if value is not None}
     if "accept_confidence" in checked:  # with the candidates it needs, before any model loads
         check_accept_confidence(checked["accept_confidence"], checked.get("candidates", 1))
+    if "accept_agreement" in checked:
+        check_accept_agreement(checked["accept_agreement"], checked.get("candidates", 1),
+                               checked.get("accept_confidence"))
     if "agreement" in checked:
         check_agreement(checked["agreement"], checked.get("candidates", 1))
     return checked

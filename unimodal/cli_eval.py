@@ -34,7 +34,8 @@ def _cmd_eval(args) -> int:
     settings = _settings(args)
     if args.refine_rounds < 0:
         raise InputError(f"--refine-rounds must be a whole number >= 0, got {args.refine_rounds}")
-    check_every_draw(args.every_draw, args.candidates, args.accept_confidence)  # before the model loads
+    check_every_draw(args.every_draw, args.candidates, args.accept_confidence,  # before the model loads
+                     args.accept_agreement)
     model_dir = resolve_model_dir(args.model)
     pipe = load_pipeline(model_dir, args.device)
     needs_speech = any("audio" in d or d == "joint" for d in directions)
@@ -98,6 +99,9 @@ def add_eval_command(sub) -> None:
                     "(captions by default), are sampled once")
     ev.add_argument("--accept-confidence", type=float, default=None, help="with --candidates: keep a case's first "
                     "draw when its confidence score (mean log-probability, e.g. -0.1) reaches this, else draw them all")
+    ev.add_argument("--accept-agreement", type=float, default=None, help="with --candidates: draw a case's "
+                    "candidates one at a time and keep the first whose agreement score (mean log-probability of the "
+                    "input read back, e.g. -0.3) reaches this, else the best of them all")
     ev.add_argument("--agreement", default=None, choices=AGREEMENTS, help="with --candidates: how each draw is read "
                     "back to choose one (generate --agreement): joint (default) or each")
     ev.add_argument("--every-draw", action="store_true", help="with --candidates N: judge every draw, not only "

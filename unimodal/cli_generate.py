@@ -57,6 +57,9 @@ def add_generate_commands(sub) -> None:
                      "best with the input, read back by the model (costs that many samplings; default 1)")
     gen.add_argument("--accept-confidence", type=float, default=None, help="with --candidates: keep the first draw, "
                      "drawing no more, when its confidence score (mean log-probability, e.g. -0.1) reaches this")
+    gen.add_argument("--accept-agreement", type=float, default=None, help="with --candidates: draw one at a time "
+                     "and keep the first whose agreement score (the input read back from it, mean log-probability, "
+                     "e.g. -0.3) reaches this, drawing no more; else the best of them all")
     gen.add_argument("--agreement", default=None, choices=AGREEMENTS,
                      help="with --candidates: how each draw is read back to choose one: joint (the whole input "
                           "masked at once, one pass; the default) or each (each input token masked alone, a pass a "

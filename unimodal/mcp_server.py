@@ -134,6 +134,10 @@ def generate_tool(runner: Runner):
         accept_confidence: Annotated[float | None, Field(
             le=0, description="with candidates: keep the first draw, drawing no more, when the model's confidence "
                               "score of it (mean log-probability, e.g. -0.1) reaches this")] = None,
+        accept_agreement: Annotated[float | None, Field(
+            le=0, description="with candidates: draw one at a time and keep the first whose agreement score (the "
+                              "input read back from it, mean log-probability, e.g. -0.3) reaches this; else the "
+                              "best of them all. Not with accept_confidence")] = None,
         agreement: Annotated[Literal["joint", "each"] | None, Field(
             description="with candidates: how each draw is read back to choose one: joint (the whole input at "
                         "once, the default) or each (input token by token: the words naming the content decide)")] = None,

@@ -47,7 +47,7 @@ from unimodal.tokenizers_mm.image import ImageCodec, ImageVQModel
 from unimodal.tokenizers_mm.layout import LAYOUT_FILE, MODALITIES, Layout
 from unimodal.tokenizers_mm.text import TextCodec
 from unimodal.tokenizers_mm.vocoder import MelVocoder
-from unimodal.checks import (AGREEMENT_DEFAULT, check_accept_confidence, check_agreement, check_candidates, check_plan, check_draws_differ,
+from unimodal.checks import (AGREEMENT_DEFAULT, check_accept_agreement, check_accept_confidence, check_agreement, check_candidates, check_plan, check_draws_differ,
                              check_refine_rounds,
                              check_model_folder, check_not_both, check_to)
 from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
@@ -211,7 +211,7 @@ class UniModal(DiffusionPipeline):
                  max_text_tokens: int | None = None, max_audio_seconds: float | None = None,
                  progress: bool = False, candidates: int = 1, plan: str = PLAN_DEFAULT,
                  accept_confidence: float | None = None, agreement: str | None = None, refine: int = 0,
-                 **settings) -> GenerationResult:
+                 accept_agreement: float | None = None, **settings) -> GenerationResult:
         """Generate ``to`` (a modality, a list, or ``"image,audio"``) from the inputs given (none: unconditional).
 
         Inputs: ``text`` a string; ``image`` a PIL image, uint8 array or file path (resized to the codec's
@@ -262,6 +262,13 @@ class UniModal(DiffusionPipeline):
         ``result.settings["candidates"]`` then also holds ``confidence`` and ``accept_confidence``; a first draw kept
         alone has ``drawn`` 1, ``seeds`` ``[seed]`` and no ``agreement`` (nothing was compared).
 
+        ``accept_agreement`` (with ``candidates`` > 1; not beside ``accept_confidence``): draw one at a time, read
+        each back as it comes (``agreement``'s reading) and keep the first whose agreement score is at least this,
+        drawing no more; when none reaches it, the best of all ``candidates``. Drawing stops where the output already
+        says what was asked and goes on where it does not (docs/results.md, "Drawing until the picture reads as
+        asked"). ``result.settings["candidates"]`` holds the scores of the draws made (``drawn`` of them),
+        ``accept_agreement`` and whether a draw reached it (``accepted``).
+
         ``refine`` > 0: then :meth:`refine` the output against the inputs for that many rounds with refine's own
         defaults, not the sampling settings given here (call :meth:`refine` to set those). The critic flags what to
         redo; a caption read from a picture or speech gets its own recipe, words it is unsure of redrawn at
@@ -277,7 +284,7 @@ class UniModal(DiffusionPipeline):
             check_seed_room(seed, refine, SettingError)
         result = self._generate_once(text, image, audio, to, steps, mode, tau, temperature, top_k, top_p, cfg, seed,
                                      max_text_tokens, max_audio_seconds, progress, candidates, plan,
-                                     accept_confidence, agreement, settings)
+                                     accept_confidence, agreement, settings, accept_agreement)
         if not refine:
             return result
         inputs = {k: v for k, v in (("text", text), ("image", image), ("audio", audio)) if v is not None}
@@ -288,16 +295,18 @@ class UniModal(DiffusionPipeline):
 
     def _generate_once(self, text, image, audio, to, steps, mode, tau, temperature, top_k, top_p, cfg, seed,
                        max_text_tokens, max_audio_seconds, progress, candidates, plan, accept_confidence,
-                       agreement, settings) -> GenerationResult:
+                       agreement, settings, accept_agreement=None) -> GenerationResult:
         request = dict(text=text, image=image, audio=audio, to=to, max_text_tokens=max_text_tokens,
                        max_audio_seconds=max_audio_seconds)
         sampling = dict(steps=steps, mode=mode, tau=tau, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
                         plan=plan, **settings)
         accept_confidence = check_accept_confidence(accept_confidence, check_candidates(candidates))
+        accept_agreement = check_accept_agreement(accept_agreement, candidates, accept_confidence)
         agreement = check_agreement(agreement, candidates)
         if candidates == 1:
             return self.generate_batch([request], seed=seed, progress=progress, **sampling)[0]
-        return self._best_of(request, candidates, seed, progress, sampling, accept_confidence, agreement=agreement)
+        return self._best_of(request, candidates, seed, progress, sampling, accept_confidence, agreement=agreement,
+                             accept_agreement=accept_agreement)
 
     def best_of(self, candidates: int, seed: int | None = 0, progress: bool = False, text=None, image=None,
                 audio=None, to: str | Sequence[str] = "image", max_text_tokens: int | None = None,
@@ -319,9 +328,10 @@ class UniModal(DiffusionPipeline):
 
     def _best_of(self, request: dict, candidates: int, seed: int | None, progress: bool,
                  sampling: Mapping, accept_confidence: float | None = None, keep_draws: bool = False,
-                 agreement: str = AGREEMENT_DEFAULT):
+                 agreement: str = AGREEMENT_DEFAULT, accept_agreement: float | None = None):
         """``candidates`` draws of one request, the one whose inputs the model reads back best (``agreement``:
-        how) kept; with ``accept_confidence``, the first alone when its confidence score reaches it.
+        how) kept; with ``accept_confidence``, the first alone when its confidence score reaches it; with
+        ``accept_agreement``, drawn and read one at a time, the first whose score reaches it.
         ``keep_draws``: return (the kept result, every draw) instead of the kept result alone, and read every draw
         in every reading."""
         from unimodal.inference.critique import (AGREEMENT_READINGS, DEFAULT_GROUPS, agreement_score,
@@ -338,6 +348,9 @@ class UniModal(DiffusionPipeline):
         check_draws_differ(candidates, self.draws_differ(request["to"], **sampling))
         seed = fresh_seed() if seed is None else check_seed(seed, error=SettingError)
         requests = [dict(request, seed=seed + k) for k in range(candidates)]
+        if accept_agreement is not None:
+            return self._draw_until_agreed(request, inputs, candidates, seed, progress, sampling, agreement,
+                                           accept_agreement)
         check, checked = {}, 0  # the first draw's confidence score, and its passes
         draws = self.generate_batch(requests if accept_confidence is None else requests[:1], progress=progress,
                                     **sampling)
@@ -376,6 +389,35 @@ class UniModal(DiffusionPipeline):
                 r: {"agreement": [round(v, 6) for v, _ in reads], "read_passes": reads[0][1]}
                 for r, reads in by_reading.items()}
         return (best, draws) if keep_draws else best
+
+    def _draw_until_agreed(self, request: dict, inputs: dict, candidates: int, seed: int, progress: bool,
+                           sampling: Mapping, agreement: str, accept_agreement: float) -> GenerationResult:
+        """Draw seed, seed + 1, ... one at a time, each read back as it comes; keep the first whose agreement
+        score reaches ``accept_agreement`` (the best of all when none does)."""
+        from unimodal.inference.critique import agreement_score
+        from unimodal.refine import draft_of
+
+        draws, scores, read_passes = [], [], 0
+        for k in range(candidates):
+            draw = self.generate_batch([dict(request, seed=seed + k)], progress=progress, **sampling)[0]
+            with self._lock:
+                score, calls = agreement_score(self.backbone, self.layout, draft_of(self, draw, inputs),
+                                               reading=agreement)
+            draws.append(draw)
+            scores.append(score)
+            read_passes += calls
+            if score >= accept_agreement:
+                break
+        accepted = scores[-1] >= accept_agreement
+        kept = len(draws) - 1 if accepted else max(range(len(draws)), key=scores.__getitem__)
+        best = draws[kept]
+        passes = [d.forward_passes for d in draws]
+        best.forward_passes = sum(passes) + read_passes
+        best.settings = {**best.settings, "candidates": {
+            "n": candidates, "drawn": len(draws), "kept": kept, "seeds": [seed + k for k in range(len(draws))],
+            "agreement": [round(v, 6) for v in scores], "reading": agreement, "draw_passes": passes,
+            "accept_agreement": accept_agreement, "accepted": accepted}}
+        return best
 
     def draws_differ(self, to: str | Sequence[str] = "image", **settings) -> bool:
         """Whether two seeds can give different outputs for a request generating ``to`` with these sampling

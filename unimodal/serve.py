@@ -15,7 +15,8 @@ or a folder that receives every output. Each request is checked (:func:`unimodal
 anything runs; the error ``type`` names the cause (``InputFileError``, ``TextEncodingError``, ...). Settings: ``steps``, ``mode``, ``tau``, ``temperature``, ``top_k``, ``top_p``, ``cfg``,
 ``seed``, ``max_text_tokens``, ``max_audio_seconds``, ``schedule``, ``block_length``, ``block_mode``, ``candidates``
 (draw that many, keep the one that agrees best with the input), ``accept_confidence`` (with ``candidates``: keep
-the first draw when the model's confidence score of it reaches this), ``agreement`` (with ``candidates``: how each
+the first draw when the model's confidence score of it reaches this), ``accept_agreement`` (with ``candidates``:
+draw one at a time, keep the first whose agreement score reaches this), ``agreement`` (with ``candidates``: how each
 draw is read back, ``joint`` or ``each``), ``refine`` (then that many rounds of refine
 against the inputs), ``plan`` (``text``, ``text-only`` or ``none``: see :meth:`unimodal.UniModal.generate`).
 
