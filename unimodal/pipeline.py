@@ -349,8 +349,7 @@ class UniModal(DiffusionPipeline):
         seed = fresh_seed() if seed is None else check_seed(seed, error=SettingError)
         requests = [dict(request, seed=seed + k) for k in range(candidates)]
         if accept_agreement is not None:
-            return self._draw_until_agreed(request, inputs, candidates, seed, progress, sampling, agreement,
-                                           accept_agreement)
+            return self._draw_until_agreed(requests, inputs, progress, sampling, agreement, accept_agreement)
         check, checked = {}, 0  # the first draw's confidence score, and its passes
         draws = self.generate_batch(requests if accept_confidence is None else requests[:1], progress=progress,
                                     **sampling)
@@ -390,16 +389,16 @@ class UniModal(DiffusionPipeline):
                 for r, reads in by_reading.items()}
         return (best, draws) if keep_draws else best
 
-    def _draw_until_agreed(self, request: dict, inputs: dict, candidates: int, seed: int, progress: bool,
-                           sampling: Mapping, agreement: str, accept_agreement: float) -> GenerationResult:
-        """Draw seed, seed + 1, ... one at a time, each read back as it comes; keep the first whose agreement
-        score reaches ``accept_agreement`` (the best of all when none does)."""
+    def _draw_until_agreed(self, requests: Sequence[dict], inputs: dict, progress: bool, sampling: Mapping,
+                           agreement: str, accept_agreement: float) -> GenerationResult:
+        """Draw ``requests`` (one per seed) one at a time, each read back as it comes; keep the first whose
+        agreement score reaches ``accept_agreement`` (the best of all when none does)."""
         from unimodal.inference.critique import agreement_score
         from unimodal.refine import draft_of
 
         draws, scores, read_passes = [], [], 0
-        for k in range(candidates):
-            draw = self.generate_batch([dict(request, seed=seed + k)], progress=progress, **sampling)[0]
+        for request in requests:
+            draw = self.generate_batch([request], progress=progress, **sampling)[0]
             with self._lock:
                 score, calls = agreement_score(self.backbone, self.layout, draft_of(self, draw, inputs),
                                                reading=agreement)
@@ -414,7 +413,7 @@ class UniModal(DiffusionPipeline):
         passes = [d.forward_passes for d in draws]
         best.forward_passes = sum(passes) + read_passes
         best.settings = {**best.settings, "candidates": {
-            "n": candidates, "drawn": len(draws), "kept": kept, "seeds": [seed + k for k in range(len(draws))],
+            "n": len(requests), "drawn": len(draws), "kept": kept, "seeds": [r["seed"] for r in requests[:len(draws)]],
             "agreement": [round(v, 6) for v in scores], "reading": agreement, "draw_passes": passes,
             "accept_agreement": accept_agreement, "accepted": accepted}}
         return best
