@@ -157,7 +157,8 @@ def eval_requests(direction: str, cases: Sequence[EvalCase], seed: int) -> list[
     return requests
 
 
-CHOOSING_SETTINGS = ("candidates", "accept_confidence", "accept_agreement", "agreement")  # how to choose among draws, not how to draw
+# how to choose among draws, not how to draw
+CHOOSING_SETTINGS = ("candidates", "accept_confidence", "accept_agreement", "agreement")
 
 
 def candidates_used(pipe, direction: str, settings: Mapping) -> int:
@@ -382,8 +383,8 @@ def every_draw_figures(by_draw: Sequence[Sequence[dict]], meta: Sequence[Mapping
     for r in readings:
         groups = [([s for s, v in zip(m["by_reading"][r]["agreement"], verdicts) if v is not None],
                    [not v for v in verdicts if v is not None]) for m, verdicts in zip(meta, by_case)]
-        pooled = [np.concatenate([np.asarray(g[k], dtype=float) for g in groups]) for k in (0, 1)]
-        detection[r] = {"auroc": auroc(pooled[0], pooled[1].astype(bool)), "within": auroc_within(groups)}
+        detection[r] = {"auroc": auroc([s for g in groups for s in g[0]], [w for g in groups for w in g[1]]),
+                        "within": auroc_within(groups)}
     return {"reading": meta[0]["reading"], "best_of": curves[meta[0]["reading"]], "best_of_by_reading": curves,
             "detection": detection, "draws": [{"verdicts": v, "agreement": m["agreement"],
                        "by_reading": {r: m["by_reading"][r]["agreement"] for r in readings}}

@@ -220,14 +220,14 @@ def check_draws_differ(candidates: int, differ: bool) -> None:
                            f"(e.g. 0.7) or choice_temperature > 0, or candidates=1")
 
 
-def _stop_rule(name: str, value, candidates: int, example: str, does: str) -> float | None:
+def _stop_rule(name: str, value, candidates: int, example: str, does: str, enough: int) -> float | None:
     """A rule for when to stop drawing candidates: a mean log-probability (a number <= 0) that needs candidates
     > 1 to stop among (None: always draw all)."""
     if value is None:
         return None
     value = _real_setting(name, value, f"<= 0 (a mean log-probability, e.g. {example})", lambda x: x <= 0)
     if candidates < 2:
-        raise SettingError(f"{name}={value} {does}; it needs candidates > 1 (e.g. candidates=4), got "
+        raise SettingError(f"{name}={value} {does}; it needs candidates > 1 (e.g. candidates={enough}), got "
                            f"candidates={candidates}")
     return value
 
@@ -236,7 +236,7 @@ def check_accept_confidence(value, candidates: int = 2) -> float | None:
     """``accept_confidence``: a mean log-probability (a number <= 0), the confidence score at which the first of
     ``candidates`` draws is kept without drawing the others; only with candidates > 1 (None: always draw all)."""
     return _stop_rule("accept_confidence", value, candidates, "-0.1",
-                      "keeps the first of several draws when the model is sure of it")
+                      "keeps the first of several draws when the model is sure of it", 8)
 
 
 def check_accept_agreement(value, candidates: int = 2, accept_confidence=None) -> float | None:
@@ -244,7 +244,7 @@ def check_accept_agreement(value, candidates: int = 2, accept_confidence=None) -
     without drawing the rest: the draws are made one at a time and read back as they come; only with
     candidates > 1, and not beside ``accept_confidence`` (two rules for when to stop; None: always draw all)."""
     value = _stop_rule("accept_agreement", value, candidates, "-0.3",
-                       "stops drawing at the first draw that reads back as asked")
+                       "stops drawing at the first draw that reads back as asked", 4)
     if value is not None and accept_confidence is not None:
         raise SettingError(f"accept_agreement={value} and accept_confidence={accept_confidence} are two rules for "
                            "when to stop drawing (the input read back from a draw, or the model's confidence in the "
