@@ -243,6 +243,20 @@ def verdicts_of(values) -> list:
     return [None if v is None else int(bool(v)) for v in values]
 
 
+def paired_wer_difference(word_errors: list, reference: list, resamples: int = 2000, seed: int = 0) -> dict | None:
+    """Corpus WER of ``word_errors`` minus that of ``reference`` (per case ``[errors, reference words]``, the same
+    cases in the same order) and its 95% bootstrap interval, cases resampled together in both runs (a ratio of
+    sums each time, as the corpus WER is); None without them."""
+    if not word_errors or not reference or len(word_errors) != len(reference):
+        return None
+    a, b = np.asarray(word_errors, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    draws = np.random.default_rng(seed).integers(0, len(a), (resamples, len(a)))
+    diffs = a[draws, 0].sum(1) / a[draws, 1].sum(1) - b[draws, 0].sum(1) / b[draws, 1].sum(1)
+    low, high = np.percentile(diffs, [2.5, 97.5])
+    return {"mean": float(a[:, 0].sum() / a[:, 1].sum() - b[:, 0].sum() / b[:, 1].sum()),
+            "ci95": [float(low), float(high)], "cases": int(len(a))}
+
+
 def paired_difference(verdicts: list, reference: list, resamples: int = 2000, seed: int = 0) -> dict | None:
     """Mean of ``verdicts - reference`` over the cases both judged (the same prompts, so the difference is
     paired and far less noisy than two separate accuracies) and its 95% bootstrap interval; None without
@@ -275,7 +289,7 @@ def effective_settings(results: Sequence) -> dict:
 def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scores: Sequence[dict],
               wall: float) -> dict:
     """Figures of one direction, overall and per kind of case: rates, WER, forward passes, seconds per sample."""
-    from unimodal.judges import word_error_rate
+    from unimodal.judges import word_error_rate, word_errors
 
     _, targets = parse_direction(direction)
     summary = {"n": len(scores), "forward_passes": float(np.mean([r.forward_passes for r in results])),
@@ -291,6 +305,8 @@ def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scor
             part["wer"] = word_error_rate([cases[i].text for i in chosen], words)
         if kind is None:
             summary.update(part)
+            if "wer" in part:  # per case, in case order: [errors, reference words] (paired WER comparisons)
+                summary["word_errors"] = word_errors([cases[i].text for i in chosen], words)
         else:
             summary.setdefault("by_kind", {})[kind] = {"n": len(chosen), **part}
     if direction != "joint":  # scenes of one object and of two: where a model's errors are, told apart
@@ -492,6 +508,10 @@ def compare_reports(reference: dict, candidate: dict) -> dict:
         rows[direction] = {"reference": a.get("accuracy", a.get("consistent")),
                            "candidate": b.get("accuracy", b.get("consistent")),
                            "difference": paired_difference(b["verdicts"], a["verdicts"])}
+        if "wer" in a and "wer" in b:  # the paired WER only where both runs kept each case's word errors
+            rows[direction]["wer"] = {"reference": a["wer"], "candidate": b["wer"],
+                                      "difference": paired_wer_difference(b.get("word_errors"),
+                                                                          a.get("word_errors"))}
     if not rows:
         raise InputError("the reports share no direction")
     return {"directions": rows, "reference_model": reference.get("model_hash"),
@@ -510,6 +530,18 @@ def format_comparison(comparison: dict) -> str:
         verdict = "better" if low > 0 else "worse" if high < 0 else "within the noise"
         lines.append(f"{direction:<13} {_fmt(row['reference']):>9} {_fmt(row['candidate']):>9} "
                      f"{diff['mean']:>+12.3f} [{low:+.3f}, {high:+.3f}] ({diff['cases']:>4})  {verdict}")
+        wer = row.get("wer")
+        if wer is not None:
+            name = f"{'':<2}WER"
+            if wer["difference"] is None:  # a report written before per-case word errors were kept
+                lines.append(f"{name:<13} {_fmt(wer['reference']):>9} {_fmt(wer['candidate']):>9} "
+                             f"{'-':>34}  no per-case word errors")
+            else:
+                low, high = wer["difference"]["ci95"]
+                verdict = "lower (better)" if high < 0 else "higher (worse)" if low > 0 else "within the noise"
+                lines.append(f"{name:<13} {_fmt(wer['reference']):>9} {_fmt(wer['candidate']):>9} "
+                             f"{wer['difference']['mean']:>+12.3f} [{low:+.3f}, {high:+.3f}] "
+                             f"({wer['difference']['cases']:>4})  {verdict}")
     lines.append(f"reference model {comparison['reference_model']}, candidate model {comparison['candidate_model']}; "
                  f"data {comparison['data']}, split {comparison['split']}, n {comparison['n_per_data_set']} per "
                  f"data set, seed {comparison['seed']}; better / worse: the interval excludes 0")

@@ -8,7 +8,7 @@ import pytest
 
 from unimodal.inference.evaluate import (EvalCase, Judges, caption_correct, evaluate, format_table,
                                          joint_consistency, judge_image, model_hash, summarize)
-from unimodal.judges import word_error_rate
+from unimodal.judges import word_error_rate, word_errors
 from unimodal.training.data.scenes import make_sample
 from unimodal.cli import main
 from unimodal.core.errors import InputError
@@ -69,6 +69,28 @@ def test_word_error_rate_of_known_strings():
     assert word_error_rate(["a red circle", "the digit seven"], ["a red", "the digit 7"]) == pytest.approx(1 / 6)
 
 
+def test_word_errors_per_pair_sum_to_the_corpus_wer():
+    refs, hyps = ["a red circle", "the digit seven", "a large blue square"], ["a red", "the digit 7", ""]
+    rows = word_errors(refs, hyps)
+    assert rows == [[1, 3], [0, 3], [4, 4]]
+    assert sum(e for e, _ in rows) / sum(n for _, n in rows) == pytest.approx(word_error_rate(refs, hyps))
+    with pytest.raises(InputError, match="as many hypotheses"):
+        word_errors(refs, hyps[:2])
+
+
+def test_paired_wer_difference_resamples_cases_together():
+    from unimodal.inference.evaluate import paired_wer_difference
+
+    reference = [[1, 4], [2, 4], [0, 4], [4, 4]] * 25  # WER 0.4375
+    better = [[0, 4], [1, 4], [0, 4], [3, 4]] * 25     # each case one error fewer or none: WER 0.25
+    diff = paired_wer_difference(better, reference)
+    assert diff["mean"] == pytest.approx(0.25 - 0.4375) and diff["cases"] == 100
+    assert diff["ci95"][0] <= diff["mean"] <= diff["ci95"][1] < 0  # lower beyond the interval
+    same = paired_wer_difference(reference, reference)
+    assert same["mean"] == 0 and same["ci95"] == [0.0, 0.0]
+    assert paired_wer_difference(None, reference) is None and paired_wer_difference(better[:3], reference) is None
+
+
 def test_joint_consistency_needs_all_three_to_agree(judges):
     case = _single_object_case()
     agree = joint_consistency(case.text, case.image, case.text, judges.scene, judges.digit)
@@ -90,6 +112,10 @@ def test_summaries_count_rates_and_wer():
     summary = summarize("image->text", cases, [Result(), Result()], scores, wall=0.5)
     assert summary["accuracy"] == 0.5 and summary["by_kind"]["scene"]["n"] == 2 and summary["forward_passes"] == 4
     assert 0 < summary["wer"] <= 1
+    errors = summary["word_errors"]  # per case, in case order: the corpus WER from their sums
+    assert len(errors) == 2 and errors[0][0] == 0 and errors[1][0] > 0
+    assert sum(e for e, _ in errors) / sum(n for _, n in errors) == pytest.approx(summary["wer"])
+    assert "word_errors" not in summary["by_kind"]["scene"]
     # scenes of one object and of two, told apart (the first test scene is a pair, the second one object)
     assert [len(c.truth["objects"]) for c in cases] == [2, 1]
     assert summary["by_objects"] == {"1": {"n": 1, "accuracy": 0.0}, "2": {"n": 1, "accuracy": 1.0}}
@@ -154,10 +180,15 @@ def test_eval_command_end_to_end_is_reproducible(caption_model, tmp_path, capsys
     comparison = json.loads((tmp_path / "cmp.json").read_text())
     assert set(comparison["directions"]) == set(first["figures"]) and "paired difference" in out
     assert all(r["difference"] is None or r["difference"]["mean"] == 0 for r in comparison["directions"].values())
+    for direction in ("image->text", "text->audio"):  # the word error rate paired case by case too
+        wer = comparison["directions"][direction]["wer"]
+        assert wer["reference"] == first["figures"][direction]["wer"] and wer["difference"]["mean"] == 0
+    assert "wer" not in comparison["directions"]["text->image"]
+    assert re.search(r"^  WER .* within the noise$", out, re.M)
 
 
 def test_compare_refuses_reports_of_different_cases(tmp_path, capsys):
-    from unimodal.inference.evaluate import compare_reports
+    from unimodal.inference.evaluate import compare_reports, format_comparison
 
     figure = {"accuracy": 0.5, "verdicts": [1, 0]}
     base = {"figures": {"text->image": figure}, "data": "scenes", "split": "test", "n_per_data_set": 2, "seed": 0}
@@ -168,6 +199,13 @@ def test_compare_refuses_reports_of_different_cases(tmp_path, capsys):
         compare_reports(base, {**better, "seed": 1})
     with pytest.raises(InputError, match="no per-case verdicts"):
         compare_reports(base, {**better, "figures": {"text->image": {"accuracy": 1.0}}})
+    # a speech report written before per-case word errors were kept: its WER is shown, not paired
+    old = {**base, "figures": {"text->audio": {"accuracy": 0.5, "verdicts": [1, 0], "wer": 0.3}}}
+    new = {**base, "figures": {"text->audio": {"accuracy": 0.5, "verdicts": [1, 0], "wer": 0.2,
+                                               "word_errors": [[0, 5], [2, 5]]}}}
+    comparison = compare_reports(old, new)
+    assert comparison["directions"]["text->audio"]["wer"] == {"reference": 0.3, "candidate": 0.2, "difference": None}
+    assert "no per-case word errors" in format_comparison(comparison)
     (tmp_path / "x.json").write_text("[]")
     assert main(["bench", "compare", str(tmp_path / "x.json"), str(tmp_path / "x.json")]) == 2
     assert "not an eval.json" in capsys.readouterr().err

@@ -18,7 +18,8 @@ imported only when a judge needs them.
 from unimodal.judges.calibrate import calibrate
 from unimodal.judges.digits import DigitJudge, digit_features, digit_split_indices, render_digits
 from unimodal.judges.scene import SceneJudge, relation_between
-from unimodal.judges.speech import SpeechJudge, normalize_text, word_error_rate
+from unimodal.judges.speech import SpeechJudge, normalize_text, word_error_rate, word_errors
 
 __all__ = ["DigitJudge", "SceneJudge", "SpeechJudge", "calibrate", "digit_features", "digit_split_indices",
-           "normalize_text", "relation_between", "render_digits", "word_error_rate"]
+           "normalize_text", "relation_between", "render_digits", "word_error_rate",
+           "word_errors"]

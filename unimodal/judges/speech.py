@@ -28,8 +28,7 @@ def normalize_text(text: str) -> str:
     return " ".join(DIGIT_WORDS[int(w)] if len(w) == 1 and w.isdigit() else w for w in words)
 
 
-def word_error_rate(references: str | Sequence[str], hypotheses: str | Sequence[str]) -> float:
-    """Corpus word error rate of hypotheses against references, both normalised by :func:`normalize_text`."""
+def _normalized_pairs(references: str | Sequence[str], hypotheses: str | Sequence[str]) -> tuple[list, list]:
     refs = [references] if isinstance(references, str) else list(references)
     hyps = [hypotheses] if isinstance(hypotheses, str) else list(hypotheses)
     if len(refs) != len(hyps) or not refs:
@@ -37,8 +36,27 @@ def word_error_rate(references: str | Sequence[str], hypotheses: str | Sequence[
     refs, hyps = [normalize_text(r) for r in refs], [normalize_text(h) for h in hyps]
     if not all(refs):
         raise InputError("every reference must hold at least one word after normalisation")
+    return refs, hyps
+
+
+def word_error_rate(references: str | Sequence[str], hypotheses: str | Sequence[str]) -> float:
+    """Corpus word error rate of hypotheses against references, both normalised by :func:`normalize_text`."""
+    refs, hyps = _normalized_pairs(references, hypotheses)
     jiwer = require("jiwer", "jiwer", "The word error rate")
     return float(jiwer.wer(refs, hyps))
+
+
+def word_errors(references: str | Sequence[str], hypotheses: str | Sequence[str]) -> list[list[int]]:
+    """Per pair ``[errors, reference words]`` (substitutions + deletions + insertions, normalised as
+    :func:`word_error_rate`): their sums give the corpus WER, and kept per case they let two runs over the same
+    cases be compared pair by pair (:func:`inference.evaluate.paired_wer_difference`)."""
+    refs, hyps = _normalized_pairs(references, hypotheses)
+    jiwer = require("jiwer", "jiwer", "The word error rate")
+    rows = []
+    for ref, hyp in zip(refs, hyps):
+        out = jiwer.process_words(ref, hyp)
+        rows.append([int(out.substitutions + out.deletions + out.insertions), len(ref.split())])
+    return rows
 
 
 @functools.lru_cache(maxsize=2)
