@@ -289,24 +289,27 @@ def effective_settings(results: Sequence) -> dict:
 def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scores: Sequence[dict],
               wall: float) -> dict:
     """Figures of one direction, overall and per kind of case: rates, WER, forward passes, seconds per sample."""
-    from unimodal.judges import word_error_rate, word_errors
+    from unimodal.judges import word_errors
 
     _, targets = parse_direction(direction)
     summary = {"n": len(scores), "forward_passes": float(np.mean([r.forward_passes for r in results])),
                "wall_s_per_sample": wall, "sampler": effective_settings(results),
                # per case, in case order: 1 right, 0 wrong, None not judged (for paired comparisons of two runs)
                "verdicts": verdicts_of([s.get("correct", s.get("consistent")) for s in scores])}
+    errors = None  # per case, in case order: [errors, reference words]; each WER below is a ratio of their sums
+    if targets in (("text",), ("audio",)) and cases:
+        said = [s.get("text" if targets == ("text",) else "transcript") or "" for s in scores]
+        errors = word_errors([c.text for c in cases], said)
     kinds = sorted({c.kind for c in cases}) if direction != "joint" else []
     for kind in [None, *kinds]:
         chosen = [i for i, c in enumerate(cases) if kind is None or c.kind == kind]
         part = _rates([scores[i] for i in chosen])
-        if targets in (("text",), ("audio",)) and chosen:
-            words = [scores[i].get("text" if targets == ("text",) else "transcript") or "" for i in chosen]
-            part["wer"] = word_error_rate([cases[i].text for i in chosen], words)
+        if errors is not None and chosen:
+            part["wer"] = sum(errors[i][0] for i in chosen) / sum(errors[i][1] for i in chosen)
         if kind is None:
             summary.update(part)
-            if "wer" in part:  # per case, in case order: [errors, reference words] (paired WER comparisons)
-                summary["word_errors"] = word_errors([cases[i].text for i in chosen], words)
+            if errors is not None:  # kept for paired WER comparisons of two runs (compare_reports)
+                summary["word_errors"] = errors
         else:
             summary.setdefault("by_kind", {})[kind] = {"n": len(chosen), **part}
     if direction != "joint":  # scenes of one object and of two: where a model's errors are, told apart
@@ -518,30 +521,25 @@ def compare_reports(reference: dict, candidate: dict) -> dict:
             "candidate_model": candidate.get("model_hash"), **{k: reference.get(k) for k in same}}
 
 
+def _comparison_line(name: str, row: dict, missing: str, up: str, down: str) -> str:
+    """One row of :func:`format_comparison`: both figures, the paired difference with its interval and what it
+    says (``up`` when the interval lies above 0, ``down`` below), or ``missing`` where nothing was paired."""
+    head = f"{name:<13} {_fmt(row['reference']):>9} {_fmt(row['candidate']):>9} "
+    diff = row["difference"]
+    if diff is None:
+        return head + f"{'-':>34}  {missing}"
+    low, high = diff["ci95"]
+    verdict = up if low > 0 else down if high < 0 else "within the noise"
+    return head + f"{diff['mean']:>+12.3f} [{low:+.3f}, {high:+.3f}] ({diff['cases']:>4})  {verdict}"
+
+
 def format_comparison(comparison: dict) -> str:
     lines = [f"{'direction':<13} {'reference':>9} {'candidate':>9} {'paired difference (95% CI)':>34}  verdict"]
     for direction, row in comparison["directions"].items():
-        diff = row["difference"]
-        if diff is None:
-            lines.append(f"{direction:<13} {_fmt(row['reference']):>9} {_fmt(row['candidate']):>9} "
-                         f"{'-':>34}  no verdicts")
-            continue
-        low, high = diff["ci95"]
-        verdict = "better" if low > 0 else "worse" if high < 0 else "within the noise"
-        lines.append(f"{direction:<13} {_fmt(row['reference']):>9} {_fmt(row['candidate']):>9} "
-                     f"{diff['mean']:>+12.3f} [{low:+.3f}, {high:+.3f}] ({diff['cases']:>4})  {verdict}")
-        wer = row.get("wer")
-        if wer is not None:
-            name = f"{'':<2}WER"
-            if wer["difference"] is None:  # a report written before per-case word errors were kept
-                lines.append(f"{name:<13} {_fmt(wer['reference']):>9} {_fmt(wer['candidate']):>9} "
-                             f"{'-':>34}  no per-case word errors")
-            else:
-                low, high = wer["difference"]["ci95"]
-                verdict = "lower (better)" if high < 0 else "higher (worse)" if low > 0 else "within the noise"
-                lines.append(f"{name:<13} {_fmt(wer['reference']):>9} {_fmt(wer['candidate']):>9} "
-                             f"{wer['difference']['mean']:>+12.3f} [{low:+.3f}, {high:+.3f}] "
-                             f"({wer['difference']['cases']:>4})  {verdict}")
+        lines.append(_comparison_line(direction, row, "no verdicts", "better", "worse"))
+        if row.get("wer") is not None:  # unpaired in a report written before per-case word errors were kept
+            lines.append(_comparison_line("  WER", row["wer"], "no per-case word errors", "higher (worse)",
+                                          "lower (better)"))
     lines.append(f"reference model {comparison['reference_model']}, candidate model {comparison['candidate_model']}; "
                  f"data {comparison['data']}, split {comparison['split']}, n {comparison['n_per_data_set']} per "
                  f"data set, seed {comparison['seed']}; better / worse: the interval excludes 0")
