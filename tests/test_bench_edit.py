@@ -60,9 +60,12 @@ def test_caption_edits_are_spliced_and_judged_by_the_grammar(tiny_caption_model_
 
 def test_speech_edits_run_through_the_speech_judge(tiny_caption_model_dir, tmp_path, capsys):
     pytest.importorskip("faster_whisper")
-    report, out = bench_edit(capsys, tiny_caption_model_dir, tmp_path / "bench", "--n", "1", "--modality", "audio")
+    report, out = bench_edit(capsys, tiny_caption_model_dir, tmp_path / "bench", "--n", "1", "--modality", "audio",
+                             "--speech-margin", "0.25")
     row = report["rows"][0]
     assert report["modality"] == "audio" and set(report["sampler"]) == {"regeneration", "read_back"}
+    assert report["speech_margin"] == 0.25 and "0.25 s redone either side of the word" in out
+    assert row.get("refused") or row["regions"][0][1] - row["regions"][0][0] <= 0.5 + 1e-9
     assert row.get("refused") or (row["outside_changed"] == 0 and len(row["regions"][0]) == 2)
     assert isinstance(row["source_heard"], str) and (row.get("refused") or isinstance(row["heard"], str))
     assert "transcribed by the speech judge" in out
@@ -155,3 +158,9 @@ def test_bench_edit_refuses_bad_input_before_the_model_loads(tiny_caption_model_
     assert code == 2 and "--no-draft edits pictures" in err
     code, _, err = run(capsys, "bench", "edit", *model, "--no-draft", "--touch-up", "--out", tmp_path / "f")
     assert code == 2 and "--touch-up reviews a pixel draft" in err and not (tmp_path / "f").exists()
+    code, _, err = run(capsys, "bench", "edit", *model, "--speech-margin", "0.6", "--out", tmp_path / "g")
+    assert code == 2 and "--speech-margin widens the stretch a speech edit redoes; image edits" in err
+    for bad in ("0", "2.5", "nan", "soon"):
+        code, _, err = run(capsys, "bench", "edit", *model, "--modality", "audio", "--speech-margin", bad,
+                           "--out", tmp_path / "h")
+        assert code == 2 and "--speech-margin must be a number" in err and not (tmp_path / "h").exists()

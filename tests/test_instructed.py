@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from unimodal.core.errors import InputError
+from unimodal.core.errors import InputError, SettingError
 from unimodal.core.grammar import scene_caption
 from unimodal.core.instructions import apply_instruction, parse_instruction, replace_word, require_fits
 
@@ -315,6 +315,23 @@ def test_a_speech_edit_redoes_the_seconds_of_the_word(pipe):
     inside = set(pipe.layout.audio_span_to_positions(*region["seconds"], n_codes=len(clip.token_ids["audio"])).tolist())
     assert _outside(clip.token_ids["audio"], edited.token_ids["audio"], inside) == []
     assert trace["tokens_changed"]["outside"] == 0 and json.loads(json.dumps(trace)) == trace
+    assert trace["plan"]["speech_margin"] == 0.4
+    _, wider = pipe.edit(clip, instruction="say 'blue' instead of 'red'", text=PROMPT, speech_margin=0.2, **FAST)
+    (narrow,) = wider["plan"]["regions"]
+    assert wider["plan"]["speech_margin"] == 0.2 and narrow["seconds"][1] - narrow["seconds"][0] <= 0.4 + 1e-9
+    assert region["seconds"][0] <= narrow["seconds"][0] and narrow["seconds"][1] <= region["seconds"][1]
+
+
+def test_speech_margin_is_checked_and_belongs_to_speech(pipe, monkeypatch):
+    from unimodal import instructed
+
+    monkeypatch.setattr(instructed, "edit", lambda *a, **k: pytest.fail("the edit ran"))
+    for bad in (0, -1, 2.5, float("nan"), "wide", True):
+        with pytest.raises(SettingError, match="speech_margin must be a number of seconds"):
+            pipe.edit(PROMPT, instruction="say 'blue' instead of 'red'", speech_margin=bad)
+    with pytest.raises(InputError, match="speech_margin widens the stretch a speech edit redoes; this content is "
+                                         "image"):
+        pipe.edit(_scene(ONE)[0], instruction="make the circle blue", text=PROMPT, speech_margin=0.6)
 
 
 def test_a_caption_edit_splices_the_word_and_keeps_every_other_token(pipe):
@@ -353,5 +370,7 @@ def test_the_edit_command_follows_an_instruction(tiny_caption_model_dir, tmp_pat
     assert "not both" in capsys.readouterr().err
     assert main(argv[:7] + ["--box", "0,0,8,8", "--out", str(tmp_path / "z.png"), "--no-draft"]) == 2
     assert "--no-draft chooses how an instructed picture edit starts" in capsys.readouterr().err
+    assert main(argv + ["--speech-margin", "0.6"]) == 2
+    assert "--speech-margin widens the stretch an instructed speech edit redoes" in capsys.readouterr().err
     assert main(argv[:8] + ["paint it blue", "--out", str(tmp_path / "y.png")]) == 2
     assert "not in the instruction language" in capsys.readouterr().err and not (tmp_path / "y.png").exists()

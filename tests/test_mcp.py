@@ -87,6 +87,8 @@ async def self_critique(client, tmp_path):
         "instructed": await client.call_tool("edit", {"input": red, "instruction": "make the square blue",
                                                       "prompt": "a large red square in the center"}),
         "bad instruction": await client.call_tool("edit", {"input": red, "instruction": "paint it blue"}),
+        "margin on a picture": await client.call_tool("edit", {"input": red, "instruction": "make the square blue",
+                                                               "speech_margin": 0.6}),
         "after": await client.call_tool("generate", {"text": "a red circle", "to": "image", "steps": 1}),
     }
 
@@ -157,7 +159,7 @@ def test_the_self_critique_tools_have_a_schema_for_every_argument(seen):
                 "refine": {"input", "prompt", "rounds", "budget", "critic", "fraction", "threshold", "check",
                            "regions", "out", "trace", "seed", "evaluator", "patience", "source", "model_caption"},
                 "edit": {"input", "prompt", "box", "seconds", "chars", "instruction", "out", "trace", "seed",
-                         "candidates", "draft"}}
+                         "candidates", "draft", "speech_margin"}}
     for name, arguments in expected.items():
         properties = tools[name].input_schema["properties"]
         assert set(properties) == arguments, name
@@ -218,4 +220,6 @@ def test_bad_self_critique_calls_are_tool_errors_and_the_server_goes_on(seen):
     assert seen["bad critique"].is_error and "InputFileError: input: no such file" in texts(seen["bad critique"])[0]
     assert seen["bad refine"].is_error and "psychic" in texts(seen["bad refine"])[0]
     assert seen["bad edit"].is_error and "InputError: a seconds region is for audio" in texts(seen["bad edit"])[0]
+    margin = seen["margin on a picture"]
+    assert margin.is_error and "speech_margin widens the stretch an instructed speech edit" in texts(margin)[0]
     assert not seen["after"].is_error

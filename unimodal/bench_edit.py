@@ -22,11 +22,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from unimodal.checks import check_speech_margin
 from unimodal.checks_refine import REGION_KEYS
 from unimodal.core.errors import InputError, OutputPathError
 from unimodal.core.grammar import COLORS, POSITIONS, SHAPES
 from unimodal.core.media import SAMPLE_RATE
 from unimodal.core.paths import atomic_write, user_path
+from unimodal.refine import SPEECH_MARGIN
 
 REPORT_FILE = "bench_edit.json"
 GROUPS = {"all": lambda row: True, "one object": lambda row: row["objects"] == 1, "pairs": lambda row: row["objects"] == 2}
@@ -72,9 +74,11 @@ def edit_instruction(truth: dict, k: int, modality: str = "image", change: str =
     return f"make the {ref} {new}"
 
 
-def check_edit_options(modality: str, change: str = "colour", draft: bool = True, touch_up: bool = False) -> None:
+def check_edit_options(modality: str, change: str = "colour", draft: bool = True, touch_up: bool = False,
+                       speech_margin: float | None = None) -> None:
     """Refuse options that do not fit the content edited, named by their ``bench edit`` flags: a change other
-    than colour, ``--no-draft`` and ``--touch-up`` are for pictures; a touch-up reviews a draft."""
+    than colour, ``--no-draft`` and ``--touch-up`` are for pictures; a touch-up reviews a draft;
+    ``--speech-margin`` is for speech."""
     if modality not in MODALITIES:
         raise InputError(f"bench edit edits one of {MODALITIES}, got {modality!r}")
     if change not in CHANGES:
@@ -84,6 +88,10 @@ def check_edit_options(modality: str, change: str = "colour", draft: bool = True
         raise InputError(f"{flag} edits pictures; a {modality} edit changes a colour word")
     if touch_up and not draft:
         raise InputError("--touch-up reviews a pixel draft; with --no-draft the model redraws the region itself")
+    if speech_margin is not None:
+        if modality != "audio":
+            raise InputError(f"--speech-margin widens the stretch a speech edit redoes; {modality} edits have none")
+        check_speech_margin(speech_margin, "--speech-margin")
 
 
 def edit_cases(cases: Sequence, change: str) -> list:
@@ -132,7 +140,8 @@ def _judge(judge, modality: str, content, scene: dict, change: str = "colour",
 
 
 def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modality: str = "image",
-              change: str = "colour", draft: bool = True, touch_up: bool = False) -> dict:
+              change: str = "colour", draft: bool = True, touch_up: bool = False,
+              speech_margin: float | None = None) -> dict:
     """One case's row: the instruction, the judge's and the self-check's verdicts, codes changed, passes."""
     instruction = edit_instruction(case.truth, k, modality, change)
     source = getattr(case, modality)  # the case's picture, clip or caption
@@ -145,7 +154,8 @@ def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modalit
         edited, trace = pipe.edit((source, SAMPLE_RATE) if modality == "audio" else source, instruction=instruction,
                                   text=None if modality == "text" else case.text, seed=seed + k,
                                   candidates=candidates, modality=modality,
-                                  **({"draft": draft, "touch_up": touch_up} if modality == "image" else {}))
+                                  **({"draft": draft, "touch_up": touch_up} if modality == "image" else {}),
+                                  **({"speech_margin": speech_margin} if speech_margin is not None else {}))
     except InputError as error:  # the plan refused it: counted as not right, said why
         return {**row, "refused": str(error), "judged_right": False, "asked_right": False, "verdict": False,
                 "outside_changed": 0, "inside": 0, "regions": [], "located_by": None, "passes": 0,
@@ -181,18 +191,20 @@ def summarise(rows: Sequence[dict]) -> dict:
 
 
 def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool = True, candidates: int = 1,
-               modality: str = "image", change: str = "colour", draft: bool = True, touch_up: bool = False) -> dict:
+               modality: str = "image", change: str = "colour", draft: bool = True, touch_up: bool = False,
+               speech_margin: float | None = None) -> dict:
     """The report: settings, one row per case, and the summary (see :func:`summarise`); ``candidates``:
     regenerations per edit, the one that agrees best with the target kept; ``modality``: edit the pictures
     (judged by the scene judge), the spoken captions (transcribed by the speech judge) or the captions;
     ``change``: what a picture edit asks for (:data:`CHANGES`; a move is asked of one-object scenes only);
     ``draft``: whether a picture edit may start from the object's own pixels, ``touch_up``: whether the model
-    then redraws the drafted codes it doubts (see :func:`unimodal.instructed.instructed_edit`)."""
+    then redraws the drafted codes it doubts (see :func:`unimodal.instructed.instructed_edit`);
+    ``speech_margin``: seconds either side of the word a speech edit redoes (None: the library's 0.4)."""
     from tqdm.auto import tqdm
 
     if not cases:
         raise InputError("bench edit needs at least one case")
-    check_edit_options(modality, change, draft, touch_up)
+    check_edit_options(modality, change, draft, touch_up, speech_margin)
     cases = edit_cases(cases, change)
     if not cases:
         raise InputError(f"no case of this split takes a {change} edit")
@@ -202,7 +214,8 @@ def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool 
         judge = SpeechJudge() if modality == "audio" else SceneJudge()
     start, rows = time.perf_counter(), []
     for k, case in enumerate(tqdm(cases, desc="edits", unit="case", disable=not progress, leave=False)):
-        rows.append(edit_case(pipe, case, k, seed, judge, candidates, modality, change, draft, touch_up))
+        rows.append(edit_case(pipe, case, k, seed, judge, candidates, modality, change, draft, touch_up,
+                              speech_margin))
     seconds = round(time.perf_counter() - start, 1)
     kinds = {"regeneration": modality, "read_back": "text"} if modality != "text" else {}  # a caption is spliced
     sampler = {role: {k: v for k, v in pipe._sampler_config({}, kind).__dict__.items() if k in SAMPLER_KEYS}
@@ -210,6 +223,7 @@ def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool 
     return {"n": len(rows), "seed": seed, "modality": modality, "candidates": candidates, "sampler": sampler,
             "change": change if modality == "image" else "colour", "draft": draft if modality == "image" else None,
             "touch_up": touch_up if modality == "image" and draft else None,
+            "speech_margin": (SPEECH_MARGIN if speech_margin is None else speech_margin) if modality == "audio" else None,
             "seconds": seconds, "summary": summarise(rows), "rows": rows}
 
 
@@ -239,6 +253,8 @@ def format_table(report: dict) -> str:
         if report.get("draft", True):
             what += (", the drafted codes the model doubts redrawn (touch-up)" if report.get("touch_up")
                      else ", the drafted codes kept as encoded")
+    if modality == "audio" and report.get("speech_margin") is not None:
+        what += f", {report['speech_margin']:g} s redone either side of the word"
     lines.append(f"n={report['n']} scenes {report.get('split', 'test')} cases, {what}, seed "
                  f"{report['seed']} (case k: seed + k), {report.get('candidates', 1)} candidate(s) per edit; "
                  f"{report['seconds']} s" + (f"; {refused} refused by the plan (counted not right)" if refused else ""))

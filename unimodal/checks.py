@@ -202,6 +202,15 @@ def check_candidates(value) -> int:
     return value
 
 
+MAX_SPEECH_MARGIN = 2.0  # seconds either side of a word; a clip is at most ~5 s
+
+
+def check_speech_margin(value, name: str = "speech_margin") -> float:
+    """Seconds either side of the word's middle that an instructed speech edit redoes: (0, MAX_SPEECH_MARGIN]."""
+    return float(_real_setting(name, value, f"of seconds in (0, {MAX_SPEECH_MARGIN:g}]",
+                               lambda x: 0 < x <= MAX_SPEECH_MARGIN))
+
+
 def check_refine_rounds(value) -> int:
     """``refine`` of a generate request: rounds of :meth:`UniModal.refine` on what was generated, 0 (none) ..
     :data:`MAX_REFINE_ROUNDS`."""

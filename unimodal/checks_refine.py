@@ -18,7 +18,7 @@ from numbers import Real
 from pathlib import Path
 
 from unimodal.checks import (_SETTING_CHECKS, _int_setting, _readable_file, _real_setting, check_audio_file,
-                             check_candidates, check_image_file, check_text, check_writable)
+                             check_candidates, check_image_file, check_speech_margin, check_text, check_writable)
 from unimodal.core.errors import EmptyInputError, InputError, InputFileError, OutputPathError, SettingError
 from unimodal.core.instructions import parse_instruction, require_fits
 from unimodal.core.paths import OUTPUT_SUFFIXES, user_path
@@ -33,7 +33,8 @@ COMMON_KEYS = ("input", "prompt", "out", "seed")
 PLAN_KEYS = ("critic", "fraction", "threshold", "check", "source", "model_caption")
 OP_KEYS = {"critique": COMMON_KEYS + PLAN_KEYS,
            "refine": COMMON_KEYS + PLAN_KEYS + ("rounds", "budget", "regions", "trace", "evaluator", "patience"),
-           "edit": COMMON_KEYS + tuple(REGION_KEYS) + ("instruction", "trace", "candidates", "draft")}
+           "edit": COMMON_KEYS + tuple(REGION_KEYS) + ("instruction", "trace", "candidates", "draft",
+                                                                   "speech_margin")}
 EVALUATORS = ("critic", "agreement", "agreement-each")  # mirrors unimodal.inference.refine.EVALUATORS
 
 
@@ -145,6 +146,8 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
     options.update({key: check(request[key]) for key, check in checks.items() if request.get(key) is not None})
     if request.get("draft") is not None:
         options["draft"] = _draft(request, modality)
+    if request.get("speech_margin") is not None:
+        options["speech_margin"] = _speech_margin(request, modality)
     if op == "edit" and request.get("instruction") is not None:
         options["instruction"] = _instruction(request, modality)
     elif op == "edit":
@@ -161,6 +164,14 @@ def _draft(request: Mapping, modality: str) -> bool:
         raise InputError("draft chooses how an instructed picture edit starts (from the object's own pixels, or "
                          "redrawn by the model); give it only with instruction= on a picture")
     return _flag(request["draft"], "draft")
+
+
+def _speech_margin(request: Mapping, modality: str) -> float:
+    """``speech_margin``: seconds either side of the word an instructed speech edit redoes."""
+    if request.get("instruction") is None or modality != "audio":
+        raise InputError("speech_margin widens the stretch an instructed speech edit redoes; give it only with "
+                         "instruction= on a clip")
+    return check_speech_margin(request["speech_margin"])
 
 
 def _instruction(request: Mapping, modality: str) -> str:

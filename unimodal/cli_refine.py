@@ -27,7 +27,7 @@ FLAGS = {"input": "--in", "prompt": "--prompt", "out": "--out", "seed": "--seed"
          "fraction": "--fraction", "threshold": "--threshold", "rounds": "--rounds", "budget": "--budget",
          "trace": "--trace", "patience": "--patience", "candidates": "--candidates", "draft": "--no-draft",
          "source": "--source", "model_caption": "--model-caption", "box": "--box", "seconds": "--seconds",
-         "chars": "--chars", "instruction": "--instruction"}
+         "chars": "--chars", "instruction": "--instruction", "speech_margin": "--speech-margin"}
 
 
 def _checked(op: str, args, **keys):
@@ -115,7 +115,8 @@ def _cmd_edit(args) -> int:
 
     checked = _checked("edit", args, box=args.box, seconds=args.seconds, chars=args.chars,
                        instruction=args.instruction, trace=args.trace, candidates=args.candidates,
-                       draft=None if args.draft else False)  # only a refusal of the default travels
+                       draft=None if args.draft else False,  # only a refusal of the default travels
+                       speech_margin=args.speech_margin)
     if checked.out is None:
         raise InputError("--out is required: where the edited output goes (.png, .wav or .txt, as --in)")
     pipe = load_pipeline(args.model, args.device)
@@ -236,7 +237,7 @@ def _cmd_bench_edit(args) -> int:
     from unimodal.bench_edit import bench_edit, check_edit_options, format_table, save_report
 
     check_seed(args.seed, "--seed")
-    check_edit_options(args.modality, args.change, args.draft, args.touch_up)
+    check_edit_options(args.modality, args.change, args.draft, args.touch_up, args.speech_margin)
     out = user_path(args.out, "--out", OutputPathError)
     check_writable(out, is_folder=True)  # a file, or a folder that takes no new file, is refused here
     from unimodal.eval_cases import load_cases
@@ -250,7 +251,8 @@ def _cmd_bench_edit(args) -> int:
     cases, _ = load_cases("scenes", args.split, args.n, speech=args.modality == "audio")
     pipe = load_pipeline(model_dir, args.device)
     report = bench_edit(pipe, cases, args.seed, judge, candidates=args.candidates, modality=args.modality,
-                        change=args.change, draft=args.draft, touch_up=args.touch_up)
+                        change=args.change, draft=args.draft, touch_up=args.touch_up,
+                        speech_margin=args.speech_margin)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split)
     print(format_table(report))
     print(save_report(report, out))
@@ -262,6 +264,19 @@ def _refine_options(args) -> dict:
     options = {"temperature": args.temperature, "fraction": args.fraction, "threshold": args.threshold,
                "evaluator": args.evaluator, "patience": args.patience}
     return {k: v for k, v in options.items() if v is not None}
+
+
+def _speech_margin(value: str) -> float:
+    """An argparse type: ``--speech-margin`` as the library checks it, refused with the flag's name before the
+    model loads."""
+    from unimodal.checks import check_speech_margin
+    from unimodal.core.errors import SettingError
+
+    try:
+        return check_speech_margin(float(value), "--speech-margin")
+    except (ValueError, SettingError) as error:
+        raise argparse.ArgumentTypeError(str(error) if isinstance(error, SettingError) else
+                                         f"--speech-margin must be a number of seconds, got {value!r}") from None
 
 
 def _candidates(value: str) -> int:
@@ -355,6 +370,8 @@ def add_refine_commands(sub) -> None:
     edit.add_argument("--no-draft", dest="draft", action="store_false", help="--instruction on a picture: the "
                       "model redraws the object's box from the target caption, instead of starting a change of "
                       "colour, size or place from the object's own pixels")
+    edit.add_argument("--speech-margin", type=_speech_margin, default=None, metavar="SECONDS", help="--instruction "
+                      "on a clip: seconds either side of the word's middle that the edit redoes (0.4)")
     edit.set_defaults(func=_cmd_edit)
 
 
@@ -432,6 +449,8 @@ def add_bench_edit_command(bench) -> None:
                      help="what a picture edit asks of the first object (position: one-object scenes only)")
     sub.add_argument("--no-draft", dest="draft", action="store_false", help="picture edits: the model redraws "
                      "the object's box from the target caption instead of starting from its pixels moved")
+    sub.add_argument("--speech-margin", type=_speech_margin, default=None, metavar="SECONDS", help="speech edits: "
+                     "seconds either side of the word's middle that each edit redoes (0.4)")
     sub.add_argument("--touch-up", action="store_true", help="picture edits from a draft: the model then reviews "
                      "the drafted codes and redraws the ones it doubts (default: they stay as encoded)")
     sub.add_argument("--out", default="bench-edit", help="folder for bench_edit.json (every case's row and the "

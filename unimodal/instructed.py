@@ -24,16 +24,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 
+from unimodal.checks import check_speech_margin
 from unimodal.core.errors import InputError
 from unimodal.core.grammar import COLORS, IMAGE_SIZE, POSITIONS, SIZES, parse_scene_caption, scene_caption, scenes_equal
 from unimodal.core.instructions import apply_instruction, parse_instruction, replace_word, require_fits
 from unimodal.inference.critique import agreement_score, image_region, text_offsets
 from unimodal.inference.picture_draft import dilated, draft_picture
 from unimodal.inputs import as_image
-from unimodal.refine import _decoded, _differences, as_result, critique, draft_of, edit, speech_span
+from unimodal.refine import SPEECH_MARGIN, _decoded, _differences, as_result, critique, draft_of, edit, speech_span
 from unimodal.results import GenerationResult
 
 SATURATION = 60  # the scenes' background is grey (saturation 0); every colour word is far above this
@@ -46,7 +48,7 @@ _PAIR_SIDES = {"left of": ("left", "right"), "right of": ("right", "left"), "abo
 
 def instructed_edit(pipe, content, instruction: str, region=None, text: str | None = None, image=None, audio=None,
                     modality: str | None = None, seed: int = 0, candidates: int = 1, draft: bool = True,
-                    touch_up: bool = False, **settings):
+                    touch_up: bool = False, speech_margin: float | None = None, **settings):
     """Edit ``content`` as ``instruction`` asks; returns (the edited result, a JSON-ready trace).
 
     ``text``: what the content says (the caption a picture was made from, the words a clip speaks), used instead
@@ -57,8 +59,12 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     (:mod:`unimodal.inference.picture_draft`) and encoded by the image codec; False: the model redraws the
     whole region from the target description; ``touch_up``: the model then reviews the drafted codes and
     redraws the ones it doubts (off by default: on 64 test scenes it broke more edits than it fixed,
-    docs/critique.md); ``settings``: sampler settings of the read-backs and the regeneration."""
+    docs/critique.md); ``speech_margin``: seconds either side of the word's middle that a speech edit redoes
+    (:data:`unimodal.refine.SPEECH_MARGIN`, 0.4, when None; speech only); ``settings``: sampler settings of the
+    read-backs and the regeneration."""
     parsed = parse_instruction(instruction)
+    if speech_margin is not None:
+        speech_margin = check_speech_margin(speech_margin)
     if touch_up and not draft:
         raise InputError("touch_up reviews a pixel draft; with draft=False the model redraws the region itself")
     if region is not None:
@@ -70,8 +76,13 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     result = as_result(pipe, content, modality)
     kind = _content_modality(result)
     require_fits(parsed, kind)
+    if speech_margin is not None and kind != "audio":
+        raise InputError(f"speech_margin widens the stretch a speech edit redoes; this content is {kind}")
     rgb = _pixels(pipe, content, result, kind)
-    plan = _PLANNERS[kind](pipe, result, parsed, text, seed, settings, rgb)
+    planner = _PLANNERS[kind]
+    if kind == "audio":
+        planner = partial(plan_speech, margin=SPEECH_MARGIN if speech_margin is None else speech_margin)
+    plan = planner(pipe, result, parsed, text, seed, settings, rgb)
     drafted = _pixel_draft(pipe, result, plan, rgb) if draft and kind == "image" else None
     if drafted is None and touch_up and kind == "image":
         plan["touch_up"] = {"applied": False, "why": "no pixel draft to review"}
@@ -144,15 +155,17 @@ def plan_picture(pipe, result, parsed, text, seed, settings, rgb) -> dict:
             "forward_passes": passes}
 
 
-def plan_speech(pipe, result, parsed, text, seed, settings, _rgb=None) -> dict:
-    """Target transcript and the stretch of seconds where the old word is spoken (at an even rate)."""
+def plan_speech(pipe, result, parsed, text, seed, settings, _rgb=None, margin: float = SPEECH_MARGIN) -> dict:
+    """Target transcript and the stretch of seconds where the old word is spoken (at an even rate), ``margin``
+    seconds either side of its middle."""
     read, read_by, passes = _what_it_says(pipe, result, "audio", text, seed, settings)
     target, (start, end) = replace_word(read, parsed.old, parsed.new)
     _require_readable(pipe, target)
     duration = len(result.token_ids["audio"]) / pipe.layout.audio_frame_rate
-    region = {"modality": "audio", "seconds": speech_span(duration, read, start, end - start)}
+    region = {"modality": "audio", "seconds": speech_span(duration, read, start, end - start, half=margin)}
     return {"read_back": read, "read_by": read_by, "target": target, "located_by": "the word's place in the "
-            "transcript at an even speaking rate", "regions": [region], "forward_passes": passes}
+            "transcript at an even speaking rate", "speech_margin": margin, "regions": [region],
+            "forward_passes": passes}
 
 
 def plan_caption(pipe, result, parsed, text, seed, settings, _rgb=None) -> dict:

@@ -43,7 +43,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from unimodal.checks import MAX_CANDIDATES, MAX_REFINE_ROUNDS, check_request
+from unimodal.checks import MAX_CANDIDATES, MAX_REFINE_ROUNDS, MAX_SPEECH_MARGIN, check_request
 from unimodal.checks_refine import check_refine_request
 from unimodal.core.errors import MissingDependencyError, OutputPathError, UnimodalError
 from unimodal.core.paths import user_path
@@ -340,6 +340,10 @@ def edit_tool(runner: Runner):
             description="an instructed picture edit: start a change of colour, size or place from the object's own "
                         "pixels (true, the default) or let the model redraw its box from the target caption "
                         "(false)")] = None,
+        speech_margin: Annotated[float | None, Field(
+            gt=0, le=MAX_SPEECH_MARGIN,
+            description="an instructed speech edit: seconds either side of the word's middle that it redoes "
+                        "(default 0.4)")] = None,
         seed: Seed = 0,
     ) -> list:
         with _answering():

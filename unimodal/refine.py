@@ -307,7 +307,10 @@ def _check_regions(pipe, result, modality: str, asked: dict, request: str, diffe
     return [{"modality": "audio", "seconds": speech_span(duration, request, at, len(words[0]))}]
 
 
-def speech_span(duration: float, text: str, start: int, length: int, half: float = 0.4) -> list[float]:
+SPEECH_MARGIN = 0.4  # seconds either side of a word's middle that a speech edit or repair redoes
+
+
+def speech_span(duration: float, text: str, start: int, length: int, half: float = SPEECH_MARGIN) -> list[float]:
     """Seconds where characters ``start : start + length`` of ``text`` are spoken in a clip of ``duration``,
     assuming an even speaking rate: ``half`` seconds either side of the word's middle, within the clip."""
     middle = duration * (start + 0.5 * length) / max(len(text), 1)
@@ -478,5 +481,5 @@ def score_curve(wave, scores, frame_rate: float, sample_rate: int, regions: Sequ
     return image
 
 
-__all__ = ["Critique", "as_result", "critique", "cross_modal_check", "edit", "heat_map", "refine", "score_curve",
-           "speech_span"]
+__all__ = ["SPEECH_MARGIN", "Critique", "as_result", "critique", "cross_modal_check", "edit", "heat_map", "refine",
+           "score_curve", "speech_span"]
