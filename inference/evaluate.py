@@ -500,6 +500,8 @@ def compare_reports(reference: dict, candidate: dict) -> dict:
         raise InputError(f"the reports judged different cases ({', '.join(differ)} differ: "
                          f"{[reference.get(k) for k in differ]} vs {[candidate.get(k) for k in differ]}); "
                          f"run both with the same --data, --split, --n and --seed")
+    if reference.get("captions") and candidate.get("captions") and reference["captions"] != candidate["captions"]:
+        raise InputError("the reports judged different cases (their captions differ case by case)")
     rows = {}
     for direction in [d for d in reference.get("figures", {}) if d in candidate.get("figures", {})]:
         a, b = reference["figures"][direction], candidate["figures"][direction]
@@ -521,10 +523,10 @@ def compare_reports(reference: dict, candidate: dict) -> dict:
             "candidate_model": candidate.get("model_hash"), **{k: reference.get(k) for k in same}}
 
 
-def _comparison_line(name: str, row: dict, missing: str, up: str, down: str) -> str:
+def _comparison_line(name: str, row: dict, missing: str, up: str, down: str, width: int = 13) -> str:
     """One row of :func:`format_comparison`: both figures, the paired difference with its interval and what it
     says (``up`` when the interval lies above 0, ``down`` below), or ``missing`` where nothing was paired."""
-    head = f"{name:<13} {_fmt(row['reference']):>9} {_fmt(row['candidate']):>9} "
+    head = f"{name:<{width}} {_fmt(row['reference']):>9} {_fmt(row['candidate']):>9} "
     diff = row["difference"]
     if diff is None:
         return head + f"{'-':>34}  {missing}"
@@ -534,12 +536,13 @@ def _comparison_line(name: str, row: dict, missing: str, up: str, down: str) -> 
 
 
 def format_comparison(comparison: dict) -> str:
-    lines = [f"{'direction':<13} {'reference':>9} {'candidate':>9} {'paired difference (95% CI)':>34}  verdict"]
+    width = max([13, *map(len, comparison["directions"])])
+    lines = [f"{'direction':<{width}} {'reference':>9} {'candidate':>9} {'paired difference (95% CI)':>34}  verdict"]
     for direction, row in comparison["directions"].items():
-        lines.append(_comparison_line(direction, row, "no verdicts", "better", "worse"))
+        lines.append(_comparison_line(direction, row, "no verdicts", "better", "worse", width))
         if row.get("wer") is not None:  # unpaired in a report written before per-case word errors were kept
             lines.append(_comparison_line("  WER", row["wer"], "no per-case word errors", "higher (worse)",
-                                          "lower (better)"))
+                                          "lower (better)", width))
     lines.append(f"reference model {comparison['reference_model']}, candidate model {comparison['candidate_model']}; "
                  f"data {comparison['data']}, split {comparison['split']}, n {comparison['n_per_data_set']} per "
                  f"data set, seed {comparison['seed']}; better / worse: the interval excludes 0")

@@ -82,6 +82,32 @@ def test_the_summary_counts_each_group():
     assert summary["all"]["refused"] == 1 and summary["all"]["mean_forward_passes"] == pytest.approx(40 / 3)
 
 
+def test_bench_compare_pairs_two_edit_reports_case_by_case(tmp_path, capsys):
+    from unimodal.bench_edit import save_report
+
+    def report(rights, captions=("a red circle", "a blue square", "a red cross")):
+        rows = [dict(caption=c, objects=1, judged_right=r, asked_right=r, verdict=True, source_judged_right=True,
+                     outside_changed=0, passes=10) for c, r in zip(captions, rights)]
+        return {"n": len(rows), "seed": 0, "modality": "audio", "split": "test", "model_hash": "h",
+                "summary": summarise(rows), "rows": rows}
+
+    save_report(report([True, False, False]), tmp_path / "old")
+    save_report(report([True, True, True]), tmp_path / "new")
+    code, out, err = run(capsys, "bench", "compare", tmp_path / "old", tmp_path / "new" / "bench_edit.json",
+                         "--out", tmp_path / "cmp.json")
+    assert code == 0, err
+    row = json.loads((tmp_path / "cmp.json").read_text())["directions"]["edit audio: judged right"]
+    assert (row["reference"], row["candidate"]) == (pytest.approx(1 / 3), 1.0)
+    assert row["difference"]["mean"] == pytest.approx(2 / 3) and "edit audio: judged right" in out
+    save_report(report([True, True, True], ("a red circle", "a green square", "a red cross")), tmp_path / "other")
+    code, _, err = run(capsys, "bench", "compare", tmp_path / "old", tmp_path / "other")
+    assert code == 2 and "captions differ" in err  # other cases: refused, not paired
+    picture = {**report([True, True, True]), "modality": "image", "change": "colour"}
+    save_report(picture, tmp_path / "picture")
+    code, _, err = run(capsys, "bench", "compare", tmp_path / "old", tmp_path / "picture")
+    assert code == 2 and "share no direction" in err  # a picture edit is not a speech edit
+
+
 def run(capsys, *argv):
     from unimodal.cli import main
 

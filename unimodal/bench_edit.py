@@ -266,6 +266,24 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def as_eval_report(report: dict) -> dict:
+    """A ``bench edit`` report in the shape ``unimodal bench compare`` pairs: one "direction" per counted
+    verdict (named by the modality and the change asked, so reports of different edits share none), each with
+    its share and per-case verdicts, and the keys that say which cases were judged."""
+    if not isinstance(report.get("rows"), list) or not isinstance(report.get("summary"), dict):
+        raise InputError("not a bench edit report (no 'rows' and 'summary')")
+    modality = report.get("modality", "image")
+    what = f"edit {modality}" + (f" {report.get('change', 'colour')}" if modality == "image" else "")
+    figures = {}
+    for key, _ in COUNTED:
+        verdicts = [int(bool(row.get(key))) for row in report["rows"]]
+        figures[f"{what}: {key.replace('_', ' ')}"] = {
+            "accuracy": sum(verdicts) / len(verdicts) if verdicts else None, "verdicts": verdicts}
+    return {"figures": figures, "data": "scenes", "split": report.get("split", "test"),
+            "n_per_data_set": report.get("n"), "seed": report.get("seed"), "model_hash": report.get("model_hash"),
+            "captions": [row.get("caption") for row in report["rows"]]}
+
+
 def save_report(report: dict, out: str | Path) -> Path:
     """``out/bench_edit.json``, written atomically (a reader never sees half a file)."""
     folder = user_path(out, "--out", OutputPathError)
@@ -274,5 +292,5 @@ def save_report(report: dict, out: str | Path) -> Path:
                                                                                       + "\n"))
 
 
-__all__ = ["bench_edit", "check_edit_options", "edit_case", "edit_instruction", "format_table", "save_report",
+__all__ = ["as_eval_report", "bench_edit", "check_edit_options", "edit_case", "edit_instruction", "format_table", "save_report",
            "summarise"]

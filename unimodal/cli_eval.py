@@ -211,9 +211,16 @@ def _cmd_compare(args) -> int:
 
 
 def _compared_report(name: str) -> dict:
-    """An eval.json (or its folder), or ``RECIPE:VARIANT``: one variant of a ``bench recipe`` report."""
+    """An eval.json (or its folder), a bench_edit.json of ``bench edit`` (or its folder), or ``RECIPE:VARIANT``:
+    one variant of a ``bench recipe`` report."""
+    from unimodal.bench_edit import REPORT_FILE, as_eval_report
     from unimodal.cli_common import read_report
     from unimodal.recipe import variant_report
+
+    given = Path(name).expanduser()
+    if (given / REPORT_FILE).is_file() or (given.is_file() and given.name == REPORT_FILE):
+        return as_eval_report(read_report(name, "a bench_edit.json of unimodal bench edit (or a folder holding "
+                                          "one)", ("rows", "summary"), REPORT_FILE))
 
     path, _, variant = name.rpartition(":")
     if path and not Path(name).expanduser().exists() and Path(path).expanduser().exists():
@@ -229,7 +236,8 @@ def add_compare_command(bench) -> None:
                                            "a candidate), direction by direction: paired difference, 95%% interval")
     sub.add_argument("reference", help="eval.json (or its folder) of the reference, e.g. the shipped model; or "
                                        "RECIPE:VARIANT, a variant of a bench recipe report (recipe.json or its folder)")
-    sub.add_argument("candidate", help="eval.json (or its folder) of the model to compare with it, or RECIPE:VARIANT")
+    sub.add_argument("candidate", help="eval.json (or its folder) of the model to compare with it, or RECIPE:VARIANT; "
+                                       "two bench_edit.json reports of bench edit (or their folders) pair the same way")
     sub.add_argument("--out", default=None, help="also write the comparison here (.json)")
     sub.set_defaults(func=_cmd_compare)
 
