@@ -598,16 +598,18 @@ def _fmt(value) -> str:
 
 
 def save_report(report: dict, out: str | Path, grid_size: int = 16) -> list[Path]:
-    """``out/eval.json`` (everything but the raw samples), one ``out/grid_<direction>.png`` per direction and
-    the first generated clips as WAV files."""
+    """``out/eval.json`` (everything but the raw samples; ``samples[direction]`` holds every case's scores, its
+    generated caption or transcript where there is one, and the case's own caption), one
+    ``out/grid_<direction>.png`` of the first ``grid_size`` cases per direction and the first generated clips as
+    WAV files."""
     from unimodal.inference.grids import sample_grid
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "eval.json"]
     public = {k: v for k, v in report.items() if not k.startswith("_")}
-    public["samples"] = {d: [{k: v for k, v in s.items()} for s in scores[:grid_size]]
-                         for d, (_, _, scores) in report["_samples"].items()}
+    public["samples"] = {d: [{"caption": case.text, **score} for case, score in zip(cases, scores)]
+                         for d, (cases, _, scores) in report["_samples"].items()}
     written[0].write_text(json.dumps(public, indent=2, default=_json_default) + "\n")
     for direction, (cases, results, scores) in report["_samples"].items():
         name = direction.replace("->", "_to_")

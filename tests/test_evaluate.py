@@ -173,6 +173,9 @@ def test_eval_command_end_to_end_is_reproducible(caption_model, tmp_path, capsys
         assert (tmp_path / "a" / name).is_file(), name
     for direction, figure in first["figures"].items():  # per-case verdicts, for paired comparisons
         assert len(figure["verdicts"]) == figure["n"] and set(figure["verdicts"]) <= {0, 1, None}, direction
+        assert len(first["samples"][direction]) == figure["n"], direction  # every case's scores, not a grid's
+    assert all(s["caption"] and "transcript" in s for s in first["samples"]["text->audio"])
+    assert all("text" in s for s in first["samples"]["image->text"])
     capsys.readouterr()
     assert main(["bench", "compare", str(tmp_path / "a"), str(tmp_path / "b" / "eval.json"),
                  "--out", str(tmp_path / "cmp.json")]) == 0
