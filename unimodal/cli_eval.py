@@ -218,7 +218,7 @@ def _compared_report(name: str) -> dict:
     from unimodal.recipe import variant_report
 
     given = Path(name).expanduser()
-    if (given / REPORT_FILE).is_file() or (given.is_file() and given.name == REPORT_FILE):
+    if (given / REPORT_FILE).is_file() or (given.is_file() and _is_edit_report(given)):
         return as_eval_report(read_report(name, "a bench_edit.json of unimodal bench edit (or a folder holding "
                                           "one)", ("rows", "summary"), REPORT_FILE))
 
@@ -229,6 +229,15 @@ def _compared_report(name: str) -> dict:
         return variant_report(recipe, variant, path)
     return read_report(name, "an eval.json of unimodal eval (or a folder holding one), or RECIPE:VARIANT",
                        ("figures",), "eval.json")
+
+
+def _is_edit_report(path: Path) -> bool:
+    """Whether a JSON file, whatever its name, is a ``bench edit`` report (rows and a summary, no figures)."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False  # read_report refuses it with the eval.json message
+    return isinstance(report, dict) and {"rows", "summary"} <= report.keys() and "figures" not in report
 
 
 def add_compare_command(bench) -> None:
