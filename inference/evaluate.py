@@ -259,8 +259,10 @@ def paired_wer_difference(word_errors: list, reference: list, resamples: int = 2
 
 def paired_difference(verdicts: list, reference: list, resamples: int = 2000, seed: int = 0) -> dict | None:
     """Mean of ``verdicts - reference`` over the cases both judged (the same prompts, so the difference is
-    paired and far less noisy than two separate accuracies) and its 95% bootstrap interval; None without
-    verdicts."""
+    paired and far less noisy than two separate accuracies) and its 95% bootstrap interval; for right/wrong
+    verdicts also the discordant cases (``up``: right only in ``verdicts``, ``down``: only in ``reference``) and
+    the exact two-sided sign test over them (``sign_p``), which stays honest where a handful of discordant cases
+    makes the bootstrap interval too narrow; None without verdicts."""
     pairs = np.array([(a, b) for a, b in zip(verdicts or [], reference or []) if a is not None and b is not None],
                      dtype=np.float64).reshape(-1, 2)
     if not len(pairs):
@@ -268,7 +270,23 @@ def paired_difference(verdicts: list, reference: list, resamples: int = 2000, se
     diff = pairs[:, 0] - pairs[:, 1]
     draws = np.random.default_rng(seed).integers(0, len(diff), (resamples, len(diff)))
     low, high = np.percentile(diff[draws].mean(axis=1), [2.5, 97.5])
-    return {"mean": float(diff.mean()), "ci95": [float(low), float(high)], "cases": int(len(diff))}
+    result = {"mean": float(diff.mean()), "ci95": [float(low), float(high)], "cases": int(len(diff))}
+    if set(np.unique(pairs)) <= {0.0, 1.0}:
+        up, down = int((diff > 0).sum()), int((diff < 0).sum())
+        result.update(up=up, down=down, sign_p=sign_test(up, down))
+    return result
+
+
+def sign_test(up: int, down: int) -> float:
+    """Exact two-sided sign test: the chance of a split of ``up + down`` discordant cases at least this uneven
+    when each goes either way with probability 1/2."""
+    from math import comb
+
+    n = up + down
+    if n == 0:
+        return 1.0
+    tail = sum(comb(n, k) for k in range(min(up, down) + 1)) / 2 ** n
+    return float(min(1.0, 2 * tail))
 
 
 SAMPLER_FIELDS = ("mode", "schedule", "steps", "tau", "temperature", "top_k", "top_p", "cfg", "choice_temperature",
@@ -532,6 +550,8 @@ def _comparison_line(name: str, row: dict, missing: str, up: str, down: str, wid
         return head + f"{'-':>34}  {missing}"
     low, high = diff["ci95"]
     verdict = up if low > 0 else down if high < 0 else "within the noise"
+    if "sign_p" in diff:  # how many cases the difference rests on
+        verdict += f"; {diff['up']} vs {diff['down']} cases differ, sign test p {diff['sign_p']:.3f}"
     return head + f"{diff['mean']:>+12.3f} [{low:+.3f}, {high:+.3f}] ({diff['cases']:>4})  {verdict}"
 
 
@@ -669,4 +689,4 @@ def _json_default(value):
 __all__ = ["CHOOSING_SETTINGS", "DIRECTIONS", "EvalCase", "Judges", "best_of_curve", "caption_correct", "check_every_draw",
            "compare_reports", "evaluate", "every_draw_figures", "format_comparison", "format_table", "joint_consistency", "plot_best_of",
            "judge_image", "model_hash", "paired_difference", "parse_direction", "reference_figures", "save_report",
-           "score_direction", "shell_hint", "summarize", "verdicts_of"]
+           "score_direction", "shell_hint", "sign_test", "summarize", "verdicts_of"]

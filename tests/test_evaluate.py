@@ -190,6 +190,13 @@ def test_eval_command_end_to_end_is_reproducible(caption_model, tmp_path, capsys
     assert re.search(r"^  WER .* within the noise$", out, re.M)
 
 
+def test_sign_test_is_exact_and_two_sided():
+    from unimodal.inference.evaluate import sign_test
+
+    assert sign_test(7, 1) == pytest.approx(2 * 9 / 256) and sign_test(1, 7) == sign_test(7, 1)
+    assert sign_test(0, 0) == 1.0 and sign_test(4, 4) == 1.0 and sign_test(10, 0) == pytest.approx(2 / 1024)
+
+
 def test_compare_refuses_reports_of_different_cases(tmp_path, capsys):
     from unimodal.inference.evaluate import compare_reports, format_comparison
 
@@ -198,6 +205,8 @@ def test_compare_refuses_reports_of_different_cases(tmp_path, capsys):
     better = {**base, "figures": {"text->image": {"accuracy": 1.0, "verdicts": [1, 1]}}}
     row = compare_reports(base, better)["directions"]["text->image"]
     assert row["difference"]["mean"] == 0.5 and (row["reference"], row["candidate"]) == (0.5, 1.0)
+    assert (row["difference"]["up"], row["difference"]["down"], row["difference"]["sign_p"]) == (1, 0, 1.0)
+    assert "1 vs 0 cases differ, sign test p 1.000" in format_comparison(compare_reports(base, better))
     with pytest.raises(InputError, match="seed differ"):
         compare_reports(base, {**better, "seed": 1})
     with pytest.raises(InputError, match="no per-case verdicts"):
