@@ -266,6 +266,24 @@ def test_bench_refine_measures_critics_on_the_models_own_mistakes(tiny_codec_dir
     assert 0 <= report["decoded"]["wrong"] <= report["wrong"]  # wrong by decoded content: a subset
     assert "AUROC*" in out and all("auroc_decoded" in row for row in report["critics"].values())
     assert all(row["auroc"] is None or 0 <= row["auroc"] <= 1 for row in report["critics"].values())
+    assert "95% interval" in out and all("auroc_decoded_ci95" in row for row in report["critics"].values())
+    # every case's scores and labels are kept, so two reports of the same cases pair critic by critic
+    assert len(report["cases"]) == 2 and all(len(c["wrong"]) == 32 == len(c["scores"]["content"])
+                                             for c in report["cases"])
+    code, out, err = run("bench", "compare", tmp_path / "mistakes", tmp_path / "mistakes" / "bench_refine.json")
+    assert code == 0, err
+    assert "paired difference" in out and "content" in out and "reference model" in out
+    # the same model judged twice: where a difference can be computed it is exactly zero
+    reseeded = dict(report, seed=1)
+    (tmp_path / "reseeded.json").write_text(json.dumps(reseeded))
+    code, out, err = run("bench", "compare", tmp_path / "mistakes", tmp_path / "reseeded.json")
+    assert code != 0 and "seed" in err and "Traceback" not in err
+    old = {k: v for k, v in report.items() if k != "cases"}  # a report written before the cases were kept
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    code, out, err = run("bench", "compare", tmp_path / "old.json", tmp_path / "mistakes")
+    assert code != 0 and "run the bench again" in err
+    code, out, err = run("bench", "compare", tmp_path / "mistakes", tmp_path / "reseeded-missing")
+    assert code != 0 and "Traceback" not in err
     code, out, err = run("bench", "refine", "--model", model, "--n", "2", "--mistakes", "0.5",
                          "--critics", "confidence,learned", "--out", tmp_path / "refused")
     assert code != 0 and "never trained" in err and not (tmp_path / "refused").exists()

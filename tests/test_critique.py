@@ -846,3 +846,36 @@ def test_auroc_within_ranks_only_the_draws_of_one_request():
     assert pooled == pytest.approx(7 / 8)
     assert auroc_within([([-1.0, -2.0], [False, False])]) is None and auroc([0.1], [True]) is None
     assert auroc_within([([-1.0, -1.0], [True, False])]) == 0.5  # a tie counts half
+
+
+def test_auroc_interval_resamples_whole_cases_and_pairs_two_sides():
+    """The bootstrap of the critic benches: whole cases are drawn (their tokens together), the interval holds the
+    pooled AUROC, narrows with more cases, and a paired difference of a side with itself is exactly zero."""
+    from unimodal.core.ranking import _weighted_aurocs, auroc, auroc_difference, auroc_interval
+
+    rng = np.random.default_rng(0)
+    scores, wrong = np.round(rng.normal(size=300), 1), rng.random(300) < 0.2
+    weights = rng.integers(0, 3, 300)
+    repeated = np.repeat(np.arange(300), weights)  # the weighted form counts an item as often as its weight
+    assert _weighted_aurocs(scores, wrong, weights[None].astype(float))[0] == pytest.approx(
+        auroc(scores[repeated], wrong[repeated]))
+
+    def cases(n):
+        out = []
+        for _ in range(n):
+            flags = rng.random(40) < 0.05
+            out.append((rng.normal(size=40) - 1.5 * flags, flags))
+        return out
+
+    few, many = cases(16), cases(256)
+    pooled = auroc(*map(np.concatenate, zip(*many)))
+    low, high = auroc_interval(many)
+    assert low < pooled < high and 0.75 < pooled < 0.95
+    assert (high - low) < np.subtract(*auroc_interval(few)[::-1])  # more cases, a narrower interval
+    assert auroc_difference(many, many) == {"mean": 0.0, "ci95": [0.0, 0.0], "cases": 256}
+    shuffled = [(rng.permutation(s), w) for s, w in many]  # the same labels, scores that know nothing
+    difference = auroc_difference(shuffled, many)
+    assert difference["ci95"][1] < 0 < pooled - 0.5  # the useless critic is worse beyond the interval
+    assert auroc_interval([([0.1, 0.2], [False, False])]) is None
+    with pytest.raises(ValueError, match="same cases"):
+        auroc_difference(few, many)

@@ -292,5 +292,5 @@ def save_report(report: dict, out: str | Path) -> Path:
                                                                                       + "\n"))
 
 
-__all__ = ["as_eval_report", "bench_edit", "check_edit_options", "edit_case", "edit_instruction", "format_table", "save_report",
-           "summarise"]
+__all__ = ["as_eval_report", "bench_edit", "check_edit_options", "edit_case", "edit_instruction", "format_table",
+           "save_report", "summarise"]

@@ -31,7 +31,7 @@ import numpy as np
 from unimodal.inference.critique import agreement_score, confidence_scores, make_draft, sample_score
 from unimodal.inference.evaluate import EvalCase, Judges, caption_correct, judge_image, paired_difference, verdicts_of
 from unimodal.core.errors import InputError
-from unimodal.core.ranking import auroc
+from unimodal.core.ranking import auroc, auroc_interval
 
 BEST_OF_SEED_STRIDE = 100_003
 DIRECTIONS = ("text->image", "image->text")
@@ -434,7 +434,9 @@ def bench_mistakes(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confid
     progress(f"done: {len(cases)} {modality} cases, {int(flags.sum())} of {len(flags)} regenerated tokens wrong")
     report = {"n": len(cases), "modality": modality, "remasked_fraction": fraction, "seed": seed, "groups": groups,
               "sampler_steps": sampler.steps, "tokens": int(len(flags)), "wrong": int(flags.sum()),
-              "critics": {c: {"auroc": auroc(np.concatenate(s), flags), "precision_lowest_10pct": _lowest(s, wrong)}
+              "critics": {c: {"auroc": auroc(np.concatenate(s), flags),
+                              "auroc_ci95": auroc_interval(list(zip(s, wrong))),
+                              "precision_lowest_10pct": _lowest(s, wrong)}
                           for c, s in scores.items()}}
     if labels is not None:  # the same tokens, wrong only where their decoded content differs (critic_labels)
         decoded, distance = np.concatenate(far), np.concatenate(distances)
@@ -444,7 +446,13 @@ def bench_mistakes(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confid
                                                     "right_by_token": _quantiles(distance[~flags])}}
         for critic, s in scores.items():
             report["critics"][critic].update(auroc_decoded=auroc(np.concatenate(s), decoded),
+                                             auroc_decoded_ci95=auroc_interval(list(zip(s, far))),
                                              precision_lowest_10pct_decoded=_lowest(s, far))
+    # every case's regenerated tokens, so two reports of the same cases pair case by case (bench compare)
+    report["cases"] = [{"wrong": w.astype(int).tolist(), **({"wrong_decoded": far[i].astype(int).tolist()}
+                                                              if labels is not None else {}),
+                        "scores": {c: [float(f"{v:.6g}") for v in s[i]] for c, s in scores.items()}}
+                       for i, w in enumerate(wrong)]
     return report
 
 
@@ -475,16 +483,20 @@ def _lowest(scores: list, wrong: list) -> float:
 def format_mistakes(report: dict) -> str:
     decoded = report.get("decoded")
     width = max([12] + [len(c) for c in report["critics"]])  # "content+learned" is wider than the rest
-    lines = [f"{'critic':<{width}} {'AUROC':>6} {'prec@10%':>9}" + (f" {'AUROC*':>7} {'prec@10%*':>10}" if decoded else "")]
+    headline = "auroc_decoded" if decoded else "auroc"  # the figure the interval is given for
+    lines = [f"{'critic':<{width}} {'AUROC':>6} {'prec@10%':>9}" + (f" {'AUROC*':>7} {'prec@10%*':>10}" if decoded else "")
+             + f"  {'95% interval' + ('*' if decoded else ''):>16}"]
     for critic, row in report["critics"].items():
         line = f"{critic:<{width}} {_cell(row['auroc']):>6} {row['precision_lowest_10pct']:>9.3f}"
         if decoded:
             line += f" {_cell(row['auroc_decoded']):>7} {row['precision_lowest_10pct_decoded']:>10.3f}"
-        lines.append(line)
+        interval = row.get(headline + "_ci95")  # reports written before the intervals have none
+        lines.append(line + (f"  {'[' + f'{interval[0]:.3f}, {interval[1]:.3f}' + ']':>16}" if interval else ""))
     lines.append(f"n={report['n']} real test cases, {report['remasked_fraction']:.0%} of the {report['modality']} "
                  f"tokens re-masked and regenerated ({report['sampler_steps']} sampler steps), seed {report['seed']}; "
                  f"{report['wrong']} of {report['tokens']} regenerated tokens wrong (the model's own mistakes); "
-                 f"prec@10%: share of mistakes among each case's lowest-scored 10%")
+                 f"prec@10%: share of mistakes among each case's lowest-scored 10%; 95% interval: bootstrap over "
+                 f"the cases")
     if decoded:
         lines.append(f"*: wrong only where the decoded content differs (distance > {decoded['threshold']}, "
                      f"unimodal.training.critic_labels): {decoded['wrong']} of the {report['wrong']} wrong tokens")
@@ -624,5 +636,65 @@ def plot_refine(reports: Sequence[dict], path) -> Path:
     return path
 
 
-__all__ = ["auroc", "bench_mistakes", "bench_refine", "bench_repair", "format_mistakes", "format_repair",
-           "format_table", "plot_refine"]
+def is_mistakes_report(report) -> bool:
+    """Whether a parsed report is one of ``bench refine --mistakes`` (critics' AUROCs on the model's own fills)."""
+    return isinstance(report, dict) and {"critics", "remasked_fraction", "tokens"} <= report.keys()
+
+
+def compare_mistakes(reference: dict, candidate: dict, resamples: int = 2000, seed: int = 0) -> dict:
+    """Two ``bench refine --mistakes`` reports of the same cases (two models' fills of the same re-masked
+    tokens): per critic both models share, the AUROC of each and the paired difference ``candidate -
+    reference`` with a 95% bootstrap interval drawing the same cases for both (by decoded content where both
+    reports have it). Refused (``InputError``) when the reports are not of the same cases or lack the
+    per-case scores (written before they were kept)."""
+    from unimodal.core.ranking import auroc_difference
+
+    same = ("n", "modality", "remasked_fraction", "seed", "split")
+    differ = [key for key in same if reference.get(key) != candidate.get(key)]
+    if differ:
+        raise InputError("bench compare pairs two bench refine --mistakes reports of the same cases; they differ in "
+                         + ", ".join(f"{k} ({reference.get(k)!r} and {candidate.get(k)!r})" for k in differ))
+    if "cases" not in reference or "cases" not in candidate:
+        raise InputError("bench compare needs the per-case scores of both bench refine --mistakes reports; a report "
+                         "written before they were kept has none: run the bench again")
+    decoded = all("wrong_decoded" in c for c in reference["cases"] + candidate["cases"])
+    label = "wrong_decoded" if decoded else "wrong"
+    critics = {}
+    for critic in [c for c in reference["critics"] if c in candidate["critics"]]:
+        pairs = [[(case["scores"][critic], np.asarray(case[label], dtype=bool)) for case in report["cases"]]
+                 for report in (candidate, reference)]
+        critics[critic] = {"reference": auroc(*map(np.concatenate, zip(*pairs[1]))),
+                           "candidate": auroc(*map(np.concatenate, zip(*pairs[0]))),
+                           "difference": auroc_difference(*pairs, resamples=resamples, seed=seed)}
+    return {"kind": "mistakes", "labels": "decoded content" if decoded else "token ids",
+            "reference_model": reference.get("model"), "candidate_model": candidate.get("model"),
+            "wrong": [sum(int(np.sum(c[label])) for c in r["cases"]) for r in (reference, candidate)],
+            "groups": [reference.get("groups"), candidate.get("groups")],
+            **{key: reference.get(key) for key in same}, "critics": critics}
+
+
+def format_mistakes_comparison(comparison: dict) -> str:
+    width = max([12] + [len(c) for c in comparison["critics"]])
+    lines = [f"{'critic':<{width}} {'reference':>9} {'candidate':>9} {'paired difference (95% CI)':>34}  verdict"]
+    for critic, row in comparison["critics"].items():
+        difference = row["difference"]
+        if difference is None:
+            lines.append(f"{critic:<{width}} {_cell(row['reference']):>9} {_cell(row['candidate']):>9}  "
+                         f"(a side without both wrong and right tokens)")
+            continue
+        low, high = difference["ci95"]
+        verdict = "better" if low > 0 else "worse" if high < 0 else "within the noise"
+        lines.append(f"{critic:<{width}} {row['reference']:>9.3f} {row['candidate']:>9.3f} "
+                     f"{difference['mean']:>+14.3f} [{low:+.3f}, {high:+.3f}]{'':>2}  {verdict}")
+    lines.append(f"AUROC at scoring the model's own wrong fills (by {comparison['labels']}: {comparison['wrong'][0]} "
+                 f"and {comparison['wrong'][1]} wrong) below its right ones; reference model "
+                 f"{comparison['reference_model']}, candidate model {comparison['candidate_model']}; "
+                 f"{comparison['modality']}, n {comparison['n']} {comparison['split']} cases, "
+                 f"{comparison['remasked_fraction']:.0%} re-masked, seed {comparison['seed']}, critics in "
+                 f"{' and '.join(map(str, dict.fromkeys(comparison['groups'])))} groups; the interval resamples "
+                 f"the cases, the same for both")
+    return "\n".join(lines)
+
+
+__all__ = ["auroc", "bench_mistakes", "bench_refine", "bench_repair", "compare_mistakes", "format_mistakes",
+           "format_mistakes_comparison", "format_repair", "format_table", "is_mistakes_report", "plot_refine"]

@@ -199,15 +199,48 @@ def _cmd_compare(args) -> int:
     from unimodal.core.paths import atomic_write
     from unimodal.inference.evaluate import compare_reports, format_comparison
 
-    reports = [_compared_report(name) for name in (args.reference, args.candidate)]
-    comparison = compare_reports(*reports)
-    print(format_comparison(comparison))
+    mistakes = [_mistakes_report(name) for name in (args.reference, args.candidate)]
+    if any(report is not None for report in mistakes):
+        comparison = _compare_mistakes(args, mistakes)
+    else:
+        reports = [_compared_report(name) for name in (args.reference, args.candidate)]
+        comparison = compare_reports(*reports)
+        print(format_comparison(comparison))
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out, lambda temporary: temporary.write_text(json.dumps(comparison, indent=2) + "\n"))
         print(out)
     return 0
+
+
+def _compare_mistakes(args, reports: list) -> dict:
+    """Two ``bench refine --mistakes`` reports, critic by critic (refused when only one of them is one)."""
+    from unimodal.bench_refine import compare_mistakes, format_mistakes_comparison
+    from unimodal.core.errors import InputFileError
+
+    if any(report is None for report in reports):
+        other = (args.reference, args.candidate)[[report is None for report in reports].index(True)]
+        raise InputFileError(f"{other!r} is not a bench_refine.json of unimodal bench refine --mistakes, as the other "
+                             f"report is: bench compare pairs two reports of the same kind")
+    comparison = compare_mistakes(*reports)
+    print(format_mistakes_comparison(comparison))
+    return comparison
+
+
+def _mistakes_report(name: str) -> dict | None:
+    """The ``bench refine --mistakes`` report ``name`` holds (a bench_refine.json under any name, or its folder),
+    else None (the other kinds of report are read, and refused, by :func:`_compared_report`)."""
+    from unimodal.bench_refine import is_mistakes_report
+
+    path = Path(name).expanduser()
+    if path.is_dir():
+        path = path / "bench_refine.json"
+    try:
+        report = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return report if is_mistakes_report(report) else None
 
 
 def _compared_report(name: str) -> dict:
@@ -218,9 +251,12 @@ def _compared_report(name: str) -> dict:
     from unimodal.recipe import variant_report
 
     given = Path(name).expanduser()
-    if (given / REPORT_FILE).is_file() or (given.is_file() and _is_edit_report(given)):
+    if (given / REPORT_FILE).is_file():
         return as_eval_report(read_report(name, "a bench_edit.json of unimodal bench edit (or a folder holding "
                                           "one)", ("rows", "summary"), REPORT_FILE))
+    edit = _edit_report(given) if given.is_file() else None
+    if edit is not None:  # a bench edit report under any name, read once
+        return as_eval_report(edit)
 
     path, _, variant = name.rpartition(":")
     if path and not Path(name).expanduser().exists() and Path(path).expanduser().exists():
@@ -231,13 +267,14 @@ def _compared_report(name: str) -> dict:
                        ("figures",), "eval.json")
 
 
-def _is_edit_report(path: Path) -> bool:
-    """Whether a JSON file, whatever its name, is a ``bench edit`` report (rows and a summary, no figures)."""
+def _edit_report(path: Path) -> dict | None:
+    """The ``bench edit`` report (rows and a summary, no figures) a JSON file holds whatever its name, else None."""
     try:
         report = json.loads(path.read_text())
     except (OSError, ValueError):
-        return False  # read_report refuses it with the eval.json message
-    return isinstance(report, dict) and {"rows", "summary"} <= report.keys() and "figures" not in report
+        return None  # read_report refuses it with the eval.json message
+    is_edit = isinstance(report, dict) and {"rows", "summary"} <= report.keys() and "figures" not in report
+    return report if is_edit else None
 
 
 def add_compare_command(bench) -> None:
@@ -246,7 +283,8 @@ def add_compare_command(bench) -> None:
     sub.add_argument("reference", help="eval.json (or its folder) of the reference, e.g. the shipped model; or "
                                        "RECIPE:VARIANT, a variant of a bench recipe report (recipe.json or its folder)")
     sub.add_argument("candidate", help="eval.json (or its folder) of the model to compare with it, or RECIPE:VARIANT; "
-                                       "two bench_edit.json reports of bench edit (or their folders) pair the same way")
+                                       "two bench_edit.json reports of bench edit (or their folders) pair the same way, "
+                                       "and two bench_refine.json reports of bench refine --mistakes critic by critic")
     sub.add_argument("--out", default=None, help="also write the comparison here (.json)")
     sub.set_defaults(func=_cmd_compare)
 

@@ -155,15 +155,17 @@ def _cmd_bench_refine(args) -> int:
     cases, _ = load_cases("scenes", args.split, args.n, speech=per_token and args.modality == "audio")
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if args.mistakes is not None:
-        report = bench_mistakes(pipe, cases, critics, args.mistakes, args.seed, modality=args.modality,
-                                progress=progress)
+        report = bench_mistakes(pipe, cases, critics, args.mistakes, args.seed, groups=args.groups,
+                                modality=args.modality, progress=progress)
         table = format_mistakes(report)
     elif args.corrupt is not None:
-        report = bench_repair(pipe, cases, critics, args.corrupt, args.rounds, args.seed, progress=progress,
+        report = bench_repair(pipe, cases, critics, args.corrupt, args.rounds, args.seed, groups=args.groups,
+                              progress=progress,
                               options=_refine_options(args), modality=args.modality, reread=args.reread)
         table = format_repair(report)
     else:
-        report = bench_refine(pipe, cases, critics, args.rounds, args.best_of, args.seed, batch_size=args.batch_size,
+        report = bench_refine(pipe, cases, critics, args.rounds, args.best_of, args.seed, groups=args.groups,
+                              batch_size=args.batch_size,
                               progress=progress, options=_refine_options(args), direction=args.direction,
                               best_of_temperature=args.best_of_temperature)
         table = format_table(report)
@@ -402,6 +404,9 @@ def add_bench_refine_command(bench) -> None:
                           "the corrupted tokens: the bound of the regeneration)")
     sub.add_argument("--seed", type=int, default=0)
     sub.add_argument("--batch-size", type=_positive("--batch-size"), default=16)
+    sub.add_argument("--groups", type=_positive("--groups"), default=4,
+                     help="the content and confidence critics re-mask the scored tokens in this many interleaved "
+                          "groups, one forward pass each (default 4, as critique and refine)")
     sub.add_argument("--temperature", type=float, default=None, help="sampling temperature of the regenerations "
                      "(default: the model's for the output: greedy for captions, so a caption re-masked where the "
                      "critic flags it comes back the same; 1.0 lets refine try other words)")
