@@ -204,7 +204,11 @@ def require_trained_critic(pipe, critic) -> None:
         raise SettingError(f"critic={critic!r} reads the backbone's critic head, and this model's was never trained "
                            "(its training_config.json has no \"critic_trained\": true). Train it by fine-tuning "
                            "with the critic objective: unimodal train --init-from MODEL_FOLDER --critic-weight 0.1 "
-                           "--data ... --out RUN (docs/critique.md), or use critic='confidence' (training-free)")
+                           "--data ... --out RUN, or the head alone: --critic-only --critic-share 1 (docs/critique.md); "
+                           "or use critic='confidence' (training-free). A model fine-tuned without the critic "
+                           "objective from one whose head was trained carries that head, untrained for the moved "
+                           "backbone: to read it anyway, unimodal merge-models --models MODEL_FOLDER PARENT "
+                           "--weights 1 0 --critic-from 1 --out NEW")
 
 
 def scoring_critic(pipe, critic):
