@@ -68,7 +68,13 @@ def test_speech_edits_run_through_the_speech_judge(tiny_caption_model_dir, tmp_p
     assert row.get("refused") or row["regions"][0][1] - row["regions"][0][0] <= 0.5 + 1e-9
     assert row.get("refused") or (row["outside_changed"] == 0 and len(row["regions"][0]) == 2)
     assert isinstance(row["source_heard"], str) and (row.get("refused") or isinstance(row["heard"], str))
-    assert "transcribed by the speech judge" in out
+    assert "transcribed by the speech judge" in out and "spoken in the varied voices" in out
+    clear, out = bench_edit(capsys, tiny_caption_model_dir, tmp_path / "clear", "--n", "1", "--modality", "audio",
+                            "--speech-margin", "0.25", "--voices", "clear")
+    assert clear["voices"] == "clear" and "spoken in the clear voices" in out
+    assert clear["rows"][0]["caption"] == row["caption"]  # the same scene and caption, another voice
+    code, _, err = run(capsys, "bench", "compare", tmp_path / "bench", tmp_path / "clear")
+    assert code == 2 and "share no direction" in err  # other voices: other cases, not paired
 
 
 def test_the_summary_counts_each_group():
@@ -191,3 +197,8 @@ def test_bench_edit_refuses_bad_input_before_the_model_loads(tiny_caption_model_
         code, _, err = run(capsys, "bench", "edit", *model, "--modality", "audio", "--speech-margin", bad,
                            "--out", tmp_path / "h")
         assert code == 2 and "--speech-margin must be a number" in err and not (tmp_path / "h").exists()
+    code, _, err = run(capsys, "bench", "edit", *model, "--voices", "clear", "--out", tmp_path / "i")
+    assert code == 2 and "only speech edits" in err and not (tmp_path / "i").exists()
+    code, _, err = run(capsys, "bench", "edit", *model, "--modality", "audio", "--voices", "loud",
+                       "--out", tmp_path / "j")
+    assert code == 2 and "--voices must be one of" in err and not (tmp_path / "j").exists()

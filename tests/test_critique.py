@@ -768,6 +768,9 @@ def test_bench_refine_direction_judges_captions_by_the_grammar():
     (["--reread", "2"], "--reread re-reads repaired captions"),
     (["--reread", "2", "--corrupt", "0.25"], "--reread re-reads repaired captions"),  # pictures: no caption
     (["--reread", "-1", "--corrupt", "0.25", "--modality", "text"], "--reread re-reads repaired captions"),
+    (["--groups", "0"], "--groups must be a positive whole number"),
+    (["--voices", "clear", "--mistakes", "0.5"], "only the speech benches hear them"),  # picture codes
+    (["--voices", "loud", "--mistakes", "0.5", "--modality", "audio"], "--voices must be one of"),
 ])
 def test_bench_refine_refuses_bad_numbers_before_the_model_loads(tmp_path, capsys, flags, message):
     """No model exists at --model: each refusal comes before the model (or any case) is loaded."""

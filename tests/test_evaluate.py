@@ -1,6 +1,7 @@
 """unimodal eval and bench versus-ar: the metric functions on hand-made cases, then the commands end to end."""
 
 import json
+from pathlib import Path
 import re
 
 import numpy as np
@@ -156,6 +157,20 @@ def test_load_cases_checks_its_input():
         load_cases("/nonexistent/folder", "test", 2)
     cases, notes = load_cases("scenes,digits", "heldout", 2, speech=False)
     assert len(cases) == 2 and notes and all(c.kind == "scene" for c in cases)
+    with pytest.raises(InputError, match="--voices must be one of"):
+        load_cases("scenes", "test", 2, voices="loud")
+    with pytest.raises(InputError, match="built folder"):
+        load_cases(str(Path(__file__).parent), "test", 2, voices="clear")
+
+
+def test_cases_in_clear_voices_are_the_same_scenes_spoken_otherwise():
+    """--voices clear: the same scenes, pictures and captions as the default cases, only the speech differs."""
+    varied, _ = load_cases("scenes,digits", "test", 2)
+    clear, _ = load_cases("scenes,digits", "test", 2, voices="clear")
+    assert [c.text for c in clear] == [c.text for c in varied] and [c.truth for c in clear] == [c.truth for c in varied]
+    assert all(np.array_equal(a.image, b.image) for a, b in zip(clear, varied))
+    assert all(a.audio is not None and b.audio is not None for a, b in zip(clear, varied))
+    assert any(len(a.audio) != len(b.audio) or not np.allclose(a.audio, b.audio) for a, b in zip(clear, varied))
 
 
 def test_eval_command_end_to_end_is_reproducible(caption_model, tmp_path, capsys):

@@ -255,6 +255,8 @@ def format_table(report: dict) -> str:
                      else ", the drafted codes kept as encoded")
     if modality == "audio" and report.get("speech_margin") is not None:
         what += f", {report['speech_margin']:g} s redone either side of the word"
+    if modality == "audio":
+        what += f", the sources spoken in the {report.get('voices', 'varied')} voices"
     lines.append(f"n={report['n']} scenes {report.get('split', 'test')} cases, {what}, seed "
                  f"{report['seed']} (case k: seed + k), {report.get('candidates', 1)} candidate(s) per edit; "
                  f"{report['seconds']} s" + (f"; {refused} refused by the plan (counted not right)" if refused else ""))
@@ -274,6 +276,8 @@ def as_eval_report(report: dict) -> dict:
         raise InputError("not a bench edit report (no 'rows' and 'summary')")
     modality = report.get("modality", "image")
     what = f"edit {modality}" + (f" {report.get('change', 'colour')}" if modality == "image" else "")
+    if report.get("voices", "varied") != "varied":  # the same captions in other voices: other cases
+        what += f" ({report['voices']} voices)"
     figures = {}
     for key, _ in COUNTED:
         verdicts = [int(bool(row.get(key))) for row in report["rows"]]

@@ -650,10 +650,13 @@ def compare_mistakes(reference: dict, candidate: dict, resamples: int = 2000, se
     from unimodal.core.ranking import auroc_difference
 
     same = ("n", "modality", "remasked_fraction", "seed", "split")
-    differ = [key for key in same if reference.get(key) != candidate.get(key)]
+    voices = [report.get("voices", "varied") for report in (reference, candidate)]  # older reports: varied
+    differ = [key for key in same if reference.get(key) != candidate.get(key)] + (["voices"] if len(set(voices)) > 1
+                                                                                 else [])
     if differ:
+        values = {k: (reference.get(k), candidate.get(k)) for k in same} | {"voices": tuple(voices)}
         raise InputError("bench compare pairs two bench refine --mistakes reports of the same cases; they differ in "
-                         + ", ".join(f"{k} ({reference.get(k)!r} and {candidate.get(k)!r})" for k in differ))
+                         + ", ".join(f"{k} ({values[k][0]!r} and {values[k][1]!r})" for k in differ))
     if "cases" not in reference or "cases" not in candidate:
         raise InputError("bench compare needs the per-case scores of both bench refine --mistakes reports; a report "
                          "written before they were kept has none: run the bench again")
@@ -670,7 +673,7 @@ def compare_mistakes(reference: dict, candidate: dict, resamples: int = 2000, se
             "reference_model": reference.get("model"), "candidate_model": candidate.get("model"),
             "wrong": [sum(int(np.sum(c[label])) for c in r["cases"]) for r in (reference, candidate)],
             "groups": [reference.get("groups"), candidate.get("groups")],
-            **{key: reference.get(key) for key in same}, "critics": critics}
+            **{key: reference.get(key) for key in same}, "voices": voices[0], "critics": critics}
 
 
 def format_mistakes_comparison(comparison: dict) -> str:
@@ -689,7 +692,8 @@ def format_mistakes_comparison(comparison: dict) -> str:
     lines.append(f"AUROC at scoring the model's own wrong fills (by {comparison['labels']}: {comparison['wrong'][0]} "
                  f"and {comparison['wrong'][1]} wrong) below its right ones; reference model "
                  f"{comparison['reference_model']}, candidate model {comparison['candidate_model']}; "
-                 f"{comparison['modality']}, n {comparison['n']} {comparison['split']} cases, "
+                 f"{comparison['modality']}, n {comparison['n']} {comparison['split']} cases "
+                 f"({comparison.get('voices', 'varied')} voices), "
                  f"{comparison['remasked_fraction']:.0%} re-masked, seed {comparison['seed']}, critics in "
                  f"{' and '.join(map(str, dict.fromkeys(comparison['groups'])))} groups; the interval resamples "
                  f"the cases, the same for both")

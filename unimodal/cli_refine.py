@@ -152,7 +152,8 @@ def _cmd_bench_refine(args) -> int:
     for critic in critics:  # before any case is loaded or drawn
         require_trained_critic(pipe, critic)
     per_token = args.corrupt is not None or args.mistakes is not None
-    cases, _ = load_cases("scenes", args.split, args.n, speech=per_token and args.modality == "audio")
+    cases, _ = load_cases("scenes", args.split, args.n, speech=per_token and args.modality == "audio",
+                          voices=args.voices)
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if args.mistakes is not None:
         report = bench_mistakes(pipe, cases, critics, args.mistakes, args.seed, groups=args.groups,
@@ -169,7 +170,7 @@ def _cmd_bench_refine(args) -> int:
                               progress=progress, options=_refine_options(args), direction=args.direction,
                               best_of_temperature=args.best_of_temperature)
         table = format_table(report)
-    report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split)
+    report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split, voices=args.voices)
     print(table)
     print(f"model {model_dir} (hash {report['model_hash']}), scenes {args.split} split")
     out.mkdir(parents=True, exist_ok=True)
@@ -206,6 +207,12 @@ def _check_bench_refine_args(args) -> Path:
                          f"--modality text, got --reread {args.reread} with "
                          f"{'--corrupt' if args.corrupt is not None else 'no --corrupt'} --modality {args.modality}")
     check_seed(args.seed, "--seed")
+    from unimodal.training.data.speech import check_voices
+
+    check_voices(args.voices)
+    if args.voices != "varied" and not (args.modality == "audio" and (args.corrupt or args.mistakes) is not None):
+        raise InputError(f"--voices {args.voices} speaks the test captions; only the speech benches hear them "
+                         f"(--corrupt or --mistakes with --modality audio)")
     options = {k: v for k, v in _refine_options(args).items() if k != "temperature"}
     try:  # the refine loop's own check (rounds, fraction, threshold, patience), named as flags
         RefineConfig(rounds=args.rounds, **options)
@@ -240,6 +247,12 @@ def _cmd_bench_edit(args) -> int:
 
     check_seed(args.seed, "--seed")
     check_edit_options(args.modality, args.change, args.draft, args.touch_up, args.speech_margin)
+    from unimodal.training.data.speech import check_voices
+
+    check_voices(args.voices)
+    if args.voices != "varied" and args.modality != "audio":
+        raise InputError(f"--voices {args.voices} speaks the test captions; only speech edits (--modality audio) "
+                         f"hear them")
     out = user_path(args.out, "--out", OutputPathError)
     check_writable(out, is_folder=True)  # a file, or a folder that takes no new file, is refused here
     from unimodal.eval_cases import load_cases
@@ -250,12 +263,12 @@ def _cmd_bench_edit(args) -> int:
     # the judge needs unimodal[eval] (opencv; faster-whisper for speech): said before the model loads
     judge = SpeechJudge() if args.modality == "audio" else SceneJudge()
     model_dir = check_model(args.model, args.device)
-    cases, _ = load_cases("scenes", args.split, args.n, speech=args.modality == "audio")
+    cases, _ = load_cases("scenes", args.split, args.n, speech=args.modality == "audio", voices=args.voices)
     pipe = load_pipeline(model_dir, args.device)
     report = bench_edit(pipe, cases, args.seed, judge, candidates=args.candidates, modality=args.modality,
                         change=args.change, draft=args.draft, touch_up=args.touch_up,
                         speech_margin=args.speech_margin)
-    report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split)
+    report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split, voices=args.voices)
     print(format_table(report))
     print(save_report(report, out))
     return 0
@@ -425,6 +438,9 @@ def add_bench_refine_command(bench) -> None:
                      "(the learned critic against the confidence score: --critics confidence,learned,random)")
     sub.add_argument("--modality", default="image", choices=["image", "text", "audio"],
                      help="--corrupt / --mistakes: whose tokens (image codes, caption tokens, speech codes)")
+    sub.add_argument("--voices", default="varied", help="the eSpeak voices the test captions are spoken in: varied "
+                     "(the default, the voices audio->text learns to understand) or clear (the same captions in the "
+                     "few voices the speech judge hears best); refused in another case than speech")
     sub.add_argument("--reread", type=int, default=0, metavar="ROUNDS",
                      help="--corrupt --modality text: then refine each repaired caption this many rounds more as the "
                           "model's own reading of the picture, with the caption recipe's own settings (--temperature, "
@@ -450,6 +466,9 @@ def add_bench_edit_command(bench) -> None:
     sub.add_argument("--modality", default="image", choices=["image", "audio", "text"], help="edit the pictures "
                      "(default), the spoken captions (\"say 'blue' instead of 'red'\", judged through Whisper) or "
                      "the captions (\"replace 'red' by 'blue'\")")
+    sub.add_argument("--voices", default="varied", help="the eSpeak voices the test captions are spoken in: varied "
+                     "(the default, the voices audio->text learns to understand) or clear (the same captions in the "
+                     "few voices the speech judge hears best); refused in another case than speech")
     sub.add_argument("--change", default="colour", choices=["colour", "size", "shape", "position"],
                      help="what a picture edit asks of the first object (position: one-object scenes only)")
     sub.add_argument("--no-draft", dest="draft", action="store_false", help="picture edits: the model redraws "

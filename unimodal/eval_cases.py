@@ -16,9 +16,15 @@ EVAL_SPLITS = ("test", "heldout", "val")
 DATA_SEED = 0  # the embedded sets' build seed (the default model was trained on seed 0's train split)
 
 
-def load_cases(data: str, split: str = "test", n: int = 100, speech: bool = True) -> tuple[list[EvalCase], list[str]]:
+def load_cases(data: str, split: str = "test", n: int = 100, speech: bool = True,
+               voices: str = "varied") -> tuple[list[EvalCase], list[str]]:
     """Up to ``n`` cases from each comma-separated entry of ``data`` (``scenes``, ``digits`` or a built data
-    folder) and notes on what was skipped (digits have no heldout split)."""
+    folder) and notes on what was skipped (digits have no heldout split). ``voices``: the eSpeak voice set the
+    embedded sets' captions are spoken in (the same scenes and captions whatever the set; a built folder's clips
+    are spoken as it was built, so another set than the default is refused for one)."""
+    from unimodal.training.data.speech import check_voices
+
+    check_voices(voices)
     if split not in EVAL_SPLITS:
         raise InputError(f"--split must be one of {EVAL_SPLITS}, got {split!r}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -29,35 +35,38 @@ def load_cases(data: str, split: str = "test", n: int = 100, speech: bool = True
     cases, notes = [], []
     for name in names:
         if name == "scenes":
-            cases += _scene_cases(split, n, speech)
+            cases += _scene_cases(split, n, speech, voices)
         elif name == "digits":
             if split == "heldout":
                 notes.append("digits have no heldout split (the held-out colour/shape pairs are a scenes idea); "
                              "skipped")
                 continue
-            cases += _digit_cases(split, n, speech)
+            cases += _digit_cases(split, n, speech, voices)
         else:
+            if voices != "varied":
+                raise InputError(f"--voices {voices} speaks the embedded scenes and digits; the built folder "
+                                 f"{name!r} holds its clips as it was built (its info.json says in which voices)")
             cases += _folder_cases(Path(name), split, n, speech)
     if not cases:
         raise InputError(f"no evaluation cases in {data!r} for split {split!r}")
     return cases, notes
 
 
-def _scene_cases(split: str, n: int, speech: bool) -> list[EvalCase]:
+def _scene_cases(split: str, n: int, speech: bool, voices: str = "varied") -> list[EvalCase]:
     from unimodal.training.data.build import SCENE_SPLIT_IDS
     from unimodal.training.data.scenes import make_sample
 
-    samples = [make_sample(DATA_SEED, SCENE_SPLIT_IDS[split], i, heldout=split == "heldout", speech=speech)
-               for i in range(n)]
+    samples = [make_sample(DATA_SEED, SCENE_SPLIT_IDS[split], i, heldout=split == "heldout", speech=speech,
+                           voices=voices) for i in range(n)]
     return [EvalCase("scene", s.text, s.image, s.audio, s.meta["attributes"]) for s in samples]
 
 
-def _digit_cases(split: str, n: int, speech: bool) -> list[EvalCase]:
+def _digit_cases(split: str, n: int, speech: bool, voices: str = "varied") -> list[EvalCase]:
     from unimodal.training.data import digits
 
     indices = digits.split_indices(DATA_SEED)[split][:n]
     return [EvalCase("digit", s.text, s.image, s.audio, s.meta["attributes"]["digit"])
-            for s in digits.make_samples(DATA_SEED, split, indices, speech)]
+            for s in digits.make_samples(DATA_SEED, split, indices, speech, voices=voices)]
 
 
 def _folder_cases(folder: Path, split: str, n: int, speech: bool = True) -> list[EvalCase]:
