@@ -492,7 +492,8 @@ def format_mistakes(report: dict) -> str:
             line += f" {_cell(row['auroc_decoded']):>7} {row['precision_lowest_10pct_decoded']:>10.3f}"
         interval = row.get(headline + "_ci95")  # reports written before the intervals have none
         lines.append(line + (f"  {'[' + f'{interval[0]:.3f}, {interval[1]:.3f}' + ']':>16}" if interval else ""))
-    lines.append(f"n={report['n']} real test cases, {report['remasked_fraction']:.0%} of the {report['modality']} "
+    lines.append(f"n={report['n']} real cases (the split below), {report['remasked_fraction']:.0%} of the "
+                 f"{report['modality']} "
                  f"tokens re-masked and regenerated ({report['sampler_steps']} sampler steps), seed {report['seed']}; "
                  f"{report['wrong']} of {report['tokens']} regenerated tokens wrong (the model's own mistakes); "
                  f"prec@10%: share of mistakes among each case's lowest-scored 10%; 95% interval: bootstrap over "
@@ -534,7 +535,8 @@ def format_repair(report: dict) -> str:
                          f"{row['forward_passes']:.1f} forward passes a case in all")
         elif row.get("forward_passes") is not None:
             lines.append(f"{critic}: {row['forward_passes']:.1f} refine forward passes a case")
-    lines.append(f"n={report['n']} real test cases, {report.get('modality', 'image')} corrupted, {report['rounds']} "
+    lines.append(f"n={report['n']} real cases (the split below), {report.get('modality', 'image')} corrupted, "
+                 f"{report['rounds']} "
                  f"refine rounds, seed {report['seed']}, "
                  f"refine options {report.get('options') or {}}; "
                  f"restored: corrupted codes back to the original; broken: other codes changed; real flagged / "
