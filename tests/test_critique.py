@@ -882,3 +882,14 @@ def test_auroc_interval_resamples_whole_cases_and_pairs_two_sides():
     assert auroc_interval([([0.1, 0.2], [False, False])]) is None
     with pytest.raises(ValueError, match="same cases"):
         auroc_difference(few, many)
+
+
+def test_report_json_keeps_every_value_and_puts_number_lists_on_one_line():
+    from unimodal.core.paths import report_json
+
+    report = {"n": 2, "scores": [0.5, -1e-05, 3, None, True], "cases": [{"wrong": [0, 1, 1], "name": ["a", "b"]}],
+              "empty": [], "nested": [[1, 2], [3]]}
+    text = report_json(report)
+    assert json.loads(text) == report and text.endswith("\n")
+    assert '"scores": [0.5, -1e-05, 3, null, true]' in text and '"wrong": [0, 1, 1]' in text
+    assert '"a",\n' in text  # lists of strings stay one item a line, as json.dumps writes them

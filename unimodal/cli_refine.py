@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from unimodal.core.errors import InputError, OutputPathError
-from unimodal.core.paths import atomic_write, user_path
+from unimodal.core.paths import atomic_write, report_json, user_path
 from unimodal.checks_refine import EVALUATORS
 
 # A request key of :func:`unimodal.checks_refine.check_refine_request` -> the flag that gives it here.
@@ -174,8 +174,7 @@ def _cmd_bench_refine(args) -> int:
     print(table)
     print(f"model {model_dir} (hash {report['model_hash']}), scenes {args.split} split")
     out.mkdir(parents=True, exist_ok=True)
-    print(atomic_write(out / "bench_refine.json",
-                       lambda temporary: temporary.write_text(json.dumps(report, indent=2) + "\n")))
+    print(atomic_write(out / "bench_refine.json", lambda temporary: temporary.write_text(report_json(report))))
     if args.corrupt is None and args.mistakes is None:
         from unimodal.bench_refine import plot_refine
 

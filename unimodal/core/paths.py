@@ -75,6 +75,17 @@ def atomic_write(path: str | os.PathLike, write) -> Path:
 MODEL_ENV = "UNIMODAL_MODEL"
 
 
+def report_json(report) -> str:
+    """A report as indented JSON with each list of plain numbers on one line: a bench that keeps every case's
+    scores (thousands of numbers) stays readable and a fraction of the size one number a line would take."""
+    import json
+    import re
+
+    number = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|null|true|false"
+    flat = re.compile(rf"\[\s*((?:{number})(?:,\s*(?:{number}))*)\s*\]")
+    return flat.sub(lambda m: "[" + re.sub(r",\s*", ", ", m.group(1)) + "]", json.dumps(report, indent=2)) + "\n"
+
+
 def default_model_dir() -> Path:
     """The model shipped inside the package."""
     return PACKAGE_DIR / "default_model"
