@@ -268,6 +268,11 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def is_edit_report(report) -> bool:
+    """Whether a parsed report is one of ``bench edit`` (rows and a summary, no figures)."""
+    return isinstance(report, dict) and {"rows", "summary"} <= report.keys() and "figures" not in report
+
+
 def as_eval_report(report: dict) -> dict:
     """A ``bench edit`` report in the shape ``unimodal bench compare`` pairs: one "direction" per counted
     verdict (named by the modality and the change asked, so reports of different edits share none), each with
@@ -297,4 +302,4 @@ def save_report(report: dict, out: str | Path) -> Path:
 
 
 __all__ = ["as_eval_report", "bench_edit", "check_edit_options", "edit_case", "edit_instruction", "format_table",
-           "save_report", "summarise"]
+           "is_edit_report", "save_report", "summarise"]

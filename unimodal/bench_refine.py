@@ -493,8 +493,8 @@ def format_mistakes(report: dict) -> str:
         interval = row.get(headline + "_ci95")  # reports written before the intervals have none
         lines.append(line + (f"  {'[' + f'{interval[0]:.3f}, {interval[1]:.3f}' + ']':>16}" if interval else ""))
     lines.append(f"n={report['n']} real cases (the split below), {report['remasked_fraction']:.0%} of the "
-                 f"{report['modality']} "
-                 f"tokens re-masked and regenerated ({report['sampler_steps']} sampler steps), seed {report['seed']}; "
+                 f"{report['modality']} tokens re-masked and regenerated ({report['sampler_steps']} sampler steps), "
+                 f"seed {report['seed']}; "
                  f"{report['wrong']} of {report['tokens']} regenerated tokens wrong (the model's own mistakes); "
                  f"prec@10%: share of mistakes among each case's lowest-scored 10%; 95% interval: bootstrap over "
                  f"the cases")
@@ -536,8 +536,7 @@ def format_repair(report: dict) -> str:
         elif row.get("forward_passes") is not None:
             lines.append(f"{critic}: {row['forward_passes']:.1f} refine forward passes a case")
     lines.append(f"n={report['n']} real cases (the split below), {report.get('modality', 'image')} corrupted, "
-                 f"{report['rounds']} "
-                 f"refine rounds, seed {report['seed']}, "
+                 f"{report['rounds']} refine rounds, seed {report['seed']}, "
                  f"refine options {report.get('options') or {}}; "
                  f"restored: corrupted codes back to the original; broken: other codes changed; real flagged / "
                  f"corrupted: shares of the real and of the corrupted tokens scored below the threshold")
@@ -651,14 +650,15 @@ def compare_mistakes(reference: dict, candidate: dict, resamples: int = 2000, se
     per-case scores (written before they were kept)."""
     from unimodal.core.ranking import auroc_difference
 
-    same = ("n", "modality", "remasked_fraction", "seed", "split")
-    voices = [report.get("voices", "varied") for report in (reference, candidate)]  # older reports: varied
-    differ = [key for key in same if reference.get(key) != candidate.get(key)] + (["voices"] if len(set(voices)) > 1
-                                                                                 else [])
+    def cases_of(report: dict) -> dict:  # what names the cases (a report older than --voices spoke varied ones)
+        return {key: report.get(key) for key in ("n", "modality", "remasked_fraction", "seed", "split")} | {
+            "voices": report.get("voices", "varied")}
+
+    same, other = cases_of(reference), cases_of(candidate)
+    differ = [key for key in same if same[key] != other[key]]
     if differ:
-        values = {k: (reference.get(k), candidate.get(k)) for k in same} | {"voices": tuple(voices)}
         raise InputError("bench compare pairs two bench refine --mistakes reports of the same cases; they differ in "
-                         + ", ".join(f"{k} ({values[k][0]!r} and {values[k][1]!r})" for k in differ))
+                         + ", ".join(f"{k} ({same[k]!r} and {other[k]!r})" for k in differ))
     if "cases" not in reference or "cases" not in candidate:
         raise InputError("bench compare needs the per-case scores of both bench refine --mistakes reports; a report "
                          "written before they were kept has none: run the bench again")
@@ -674,8 +674,7 @@ def compare_mistakes(reference: dict, candidate: dict, resamples: int = 2000, se
     return {"kind": "mistakes", "labels": "decoded content" if decoded else "token ids",
             "reference_model": reference.get("model"), "candidate_model": candidate.get("model"),
             "wrong": [sum(int(np.sum(c[label])) for c in r["cases"]) for r in (reference, candidate)],
-            "groups": [reference.get("groups"), candidate.get("groups")],
-            **{key: reference.get(key) for key in same}, "voices": voices[0], "critics": critics}
+            "groups": [reference.get("groups"), candidate.get("groups")], **same, "critics": critics}
 
 
 def format_mistakes_comparison(comparison: dict) -> str:
@@ -695,7 +694,7 @@ def format_mistakes_comparison(comparison: dict) -> str:
                  f"and {comparison['wrong'][1]} wrong) below its right ones; reference model "
                  f"{comparison['reference_model']}, candidate model {comparison['candidate_model']}; "
                  f"{comparison['modality']}, n {comparison['n']} {comparison['split']} cases "
-                 f"({comparison.get('voices', 'varied')} voices), "
+                 f"({comparison['voices']} voices), "
                  f"{comparison['remasked_fraction']:.0%} re-masked, seed {comparison['seed']}, critics in "
                  f"{' and '.join(map(str, dict.fromkeys(comparison['groups'])))} groups; the interval resamples "
                  f"the cases, the same for both")

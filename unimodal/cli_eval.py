@@ -234,19 +234,23 @@ def _mistakes_report(name: str) -> dict | None:
     from unimodal.bench_refine import is_mistakes_report
 
     path = Path(name).expanduser()
-    if path.is_dir():
-        path = path / "bench_refine.json"
+    return _report_of_kind(path / "bench_refine.json" if path.is_dir() else path, is_mistakes_report)
+
+
+def _report_of_kind(path: Path, is_kind) -> dict | None:
+    """The report a JSON file holds, whatever its name, when ``is_kind`` says it is the kind looked for; else None
+    (a file that cannot be read is refused later by ``read_report``, with the message of the kind expected)."""
     try:
         report = json.loads(path.read_text()) if path.is_file() else None
     except (OSError, ValueError):
         return None
-    return report if is_mistakes_report(report) else None
+    return report if is_kind(report) else None
 
 
 def _compared_report(name: str) -> dict:
     """An eval.json (or its folder), a bench_edit.json of ``bench edit`` (or its folder), or ``RECIPE:VARIANT``:
     one variant of a ``bench recipe`` report."""
-    from unimodal.bench_edit import REPORT_FILE, as_eval_report
+    from unimodal.bench_edit import REPORT_FILE, as_eval_report, is_edit_report
     from unimodal.cli_common import read_report
     from unimodal.recipe import variant_report
 
@@ -254,7 +258,7 @@ def _compared_report(name: str) -> dict:
     if (given / REPORT_FILE).is_file():
         return as_eval_report(read_report(name, "a bench_edit.json of unimodal bench edit (or a folder holding "
                                           "one)", ("rows", "summary"), REPORT_FILE))
-    edit = _edit_report(given) if given.is_file() else None
+    edit = _report_of_kind(given, is_edit_report)
     if edit is not None:  # a bench edit report under any name, read once
         return as_eval_report(edit)
 
@@ -265,16 +269,6 @@ def _compared_report(name: str) -> dict:
         return variant_report(recipe, variant, path)
     return read_report(name, "an eval.json of unimodal eval (or a folder holding one), or RECIPE:VARIANT",
                        ("figures",), "eval.json")
-
-
-def _edit_report(path: Path) -> dict | None:
-    """The ``bench edit`` report (rows and a summary, no figures) a JSON file holds whatever its name, else None."""
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None  # read_report refuses it with the eval.json message
-    is_edit = isinstance(report, dict) and {"rows", "summary"} <= report.keys() and "figures" not in report
-    return report if is_edit else None
 
 
 def add_compare_command(bench) -> None:

@@ -206,12 +206,8 @@ def _check_bench_refine_args(args) -> Path:
                          f"--modality text, got --reread {args.reread} with "
                          f"{'--corrupt' if args.corrupt is not None else 'no --corrupt'} --modality {args.modality}")
     check_seed(args.seed, "--seed")
-    from unimodal.training.data.speech import check_voices
-
-    check_voices(args.voices)
-    if args.voices != "varied" and not (args.modality == "audio" and (args.corrupt or args.mistakes) is not None):
-        raise InputError(f"--voices {args.voices} speaks the test captions; only the speech benches hear them "
-                         f"(--corrupt or --mistakes with --modality audio)")
+    _check_voices(args.voices, args.modality == "audio" and (args.corrupt or args.mistakes) is not None,
+                  "only the speech benches hear them (--corrupt or --mistakes with --modality audio)")
     options = {k: v for k, v in _refine_options(args).items() if k != "temperature"}
     try:  # the refine loop's own check (rounds, fraction, threshold, patience), named as flags
         RefineConfig(rounds=args.rounds, **options)
@@ -246,12 +242,7 @@ def _cmd_bench_edit(args) -> int:
 
     check_seed(args.seed, "--seed")
     check_edit_options(args.modality, args.change, args.draft, args.touch_up, args.speech_margin)
-    from unimodal.training.data.speech import check_voices
-
-    check_voices(args.voices)
-    if args.voices != "varied" and args.modality != "audio":
-        raise InputError(f"--voices {args.voices} speaks the test captions; only speech edits (--modality audio) "
-                         f"hear them")
+    _check_voices(args.voices, args.modality == "audio", "only speech edits (--modality audio) hear them")
     out = user_path(args.out, "--out", OutputPathError)
     check_writable(out, is_folder=True)  # a file, or a folder that takes no new file, is refused here
     from unimodal.eval_cases import load_cases
@@ -400,6 +391,21 @@ def _scene_bench(bench, name: str, help: str):
     return sub
 
 
+def _add_voices_argument(sub) -> None:
+    sub.add_argument("--voices", default="varied", help="the eSpeak voices the test captions are spoken in: varied "
+                     "(the default, the voices audio->text learns to understand) or clear (the same captions in the "
+                     "few voices the speech judge hears best); refused in another case than speech")
+
+
+def _check_voices(voices: str, speech: bool, who_hears: str) -> None:
+    """``--voices``: a voice set's name, and another set than the default only where speech is loaded."""
+    from unimodal.training.data.speech import check_voices
+
+    check_voices(voices)
+    if voices != "varied" and not speech:
+        raise InputError(f"--voices {voices} speaks the test captions; {who_hears}")
+
+
 def add_bench_refine_command(bench) -> None:
     sub = _scene_bench(bench, "refine", "text->image (or image->text) judged accuracy: no refine vs refine (per "
                                         "critic, per round) vs best-of-N, with forward passes (needs unimodal[eval])")
@@ -437,9 +443,7 @@ def add_bench_refine_command(bench) -> None:
                      "(the learned critic against the confidence score: --critics confidence,learned,random)")
     sub.add_argument("--modality", default="image", choices=["image", "text", "audio"],
                      help="--corrupt / --mistakes: whose tokens (image codes, caption tokens, speech codes)")
-    sub.add_argument("--voices", default="varied", help="the eSpeak voices the test captions are spoken in: varied "
-                     "(the default, the voices audio->text learns to understand) or clear (the same captions in the "
-                     "few voices the speech judge hears best); refused in another case than speech")
+    _add_voices_argument(sub)
     sub.add_argument("--reread", type=int, default=0, metavar="ROUNDS",
                      help="--corrupt --modality text: then refine each repaired caption this many rounds more as the "
                           "model's own reading of the picture, with the caption recipe's own settings (--temperature, "
@@ -465,9 +469,7 @@ def add_bench_edit_command(bench) -> None:
     sub.add_argument("--modality", default="image", choices=["image", "audio", "text"], help="edit the pictures "
                      "(default), the spoken captions (\"say 'blue' instead of 'red'\", judged through Whisper) or "
                      "the captions (\"replace 'red' by 'blue'\")")
-    sub.add_argument("--voices", default="varied", help="the eSpeak voices the test captions are spoken in: varied "
-                     "(the default, the voices audio->text learns to understand) or clear (the same captions in the "
-                     "few voices the speech judge hears best); refused in another case than speech")
+    _add_voices_argument(sub)
     sub.add_argument("--change", default="colour", choices=["colour", "size", "shape", "position"],
                      help="what a picture edit asks of the first object (position: one-object scenes only)")
     sub.add_argument("--no-draft", dest="draft", action="store_false", help="picture edits: the model redraws "
