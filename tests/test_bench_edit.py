@@ -168,6 +168,16 @@ def test_bench_edit_with_candidates_records_each_cases_choice(tiny_caption_model
     assert not (tmp_path / "b3").exists()  # refused before any case is edited
 
 
+def test_bench_edit_with_attempts_records_each_cases_attempts(tiny_caption_model_dir, tmp_path, capsys):
+    pytest.importorskip("cv2")
+    report, out = bench_edit(capsys, tiny_caption_model_dir, tmp_path / "bench", "--n", "1", "--change", "shape",
+                             "--attempts", "2")
+    assert report["attempts"] == 2 and "at most 2 attempt(s) until it reads back as asked" in out
+    row = report["rows"][0]
+    assert row.get("refused") or (row["attempts"]["asked"] == 2 and 1 <= row["attempts"]["made"] <= 2
+                                  and row["verdict"] == row["attempts"]["parses_to_target"][row["attempts"]["kept"]])
+
+
 def test_bench_edit_refuses_bad_input_before_the_model_loads(tiny_caption_model_dir, tmp_path, capsys, monkeypatch):
     import unimodal.serve
 
@@ -193,6 +203,9 @@ def test_bench_edit_refuses_bad_input_before_the_model_loads(tiny_caption_model_
     assert code == 2 and "--touch-up reviews a pixel draft" in err and not (tmp_path / "f").exists()
     code, _, err = run(capsys, "bench", "edit", *model, "--speech-margin", "0.6", "--out", tmp_path / "g")
     assert code == 2 and "--speech-margin widens the stretch a speech edit redoes; image edits" in err
+    for bad in ("0", "17", "two"):
+        code, _, err = run(capsys, "bench", "edit", *model, "--attempts", bad, "--out", tmp_path / "h")
+        assert code == 2 and "--attempts must be a whole number from 1 to 16" in err and not (tmp_path / "h").exists()
     for bad in ("0", "2.5", "nan", "soon"):
         code, _, err = run(capsys, "bench", "edit", *model, "--modality", "audio", "--speech-margin", bad,
                            "--out", tmp_path / "h")

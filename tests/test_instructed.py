@@ -13,7 +13,7 @@ from unimodal.core.grammar import scene_caption
 from unimodal.core.instructions import apply_instruction, parse_instruction, replace_word, require_fits
 
 PROMPT = "a small red circle on the left"
-FAST = dict(steps=4)
+FAST = dict(steps=4, attempts=1)  # one execution: the counts of passes below are of one
 ONE = {"objects": [{"shape": "circle", "color": "red", "size": "small", "position": "left"}], "relation": None}
 PAIR = {"objects": [{"shape": "circle", "color": "red", "size": "small"},
                     {"shape": "square", "color": "blue", "size": "large"}], "relation": "left of"}
@@ -257,6 +257,85 @@ def test_a_new_shape_is_drawn_by_the_model(pipe):
     assert "touch_up" not in trace["plan"] and trace["passes"]["execute"] == 4
 
 
+def _reading(pipe, monkeypatch, said):
+    """pipe.generate with its read-backs replaced by ``said`` in turn (the last one again when they run out); the
+    forward passes of each read-back are recorded."""
+    calls, real = [], pipe.generate
+
+    def reads(**kwargs):
+        result = real(**kwargs)
+        calls.append(result.forward_passes)
+        result.text = said[min(len(calls), len(said)) - 1]
+        return result
+
+    monkeypatch.setattr(pipe, "generate", reads)
+    return calls
+
+
+def test_attempts_redo_a_redrawn_edit_until_it_reads_back_as_the_target(pipe, monkeypatch):
+    target = "a small red square on the left"
+    calls = _reading(pipe, monkeypatch, ["a small red circle on the left", target])
+    edited, trace = pipe.edit(_scene(ONE)[0], instruction="turn the circle into a square", text=PROMPT, attempts=3,
+                              steps=4)
+    attempts = trace["plan"]["attempts"]
+    assert attempts == {"asked": 3, "made": 2, "kept": 1, "read_back": [PROMPT, target],
+                        "parses_to_target": [False, True], "agreement": None}
+    assert trace["check"]["parses_to_target"] is True and edited.settings["verdict"] is True
+    assert trace["passes"]["execute"] == 2 * 4 and len(calls) == 2  # two regenerations, each read back once
+    assert trace["tokens_changed"]["outside"] == 0 and json.loads(json.dumps(trace)) == trace
+    assert trace["forward_passes"] == sum(trace["passes"].values()) == edited.forward_passes
+
+
+def test_when_no_attempt_reads_back_as_the_target_the_one_it_agrees_with_best_is_kept(pipe, monkeypatch):
+    from unimodal import instructed
+
+    calls = _reading(pipe, monkeypatch, [PROMPT])  # every attempt reads back as the old shape
+    scores = iter([-3.0, -1.0, -2.0])
+    monkeypatch.setattr(instructed, "_agreement", lambda *a: (next(scores), 1))
+    edited, trace = pipe.edit(_scene(ONE)[0], instruction="turn the circle into a square", text=PROMPT, attempts=3,
+                              steps=4)
+    attempts = trace["plan"]["attempts"]
+    assert attempts["made"] == 3 and attempts["parses_to_target"] == [False] * 3
+    assert attempts["agreement"] == [-3.0, -1.0, -2.0] and attempts["kept"] == 1
+    assert trace["passes"]["execute"] == 3 * 4 and trace["passes"]["check"] == sum(calls) + 3  # + 3 agreements
+    assert trace["check"]["parses_to_target"] is False and trace["tokens_changed"]["outside"] == 0
+
+
+def test_attempts_draw_from_seeds_no_other_attempt_or_candidate_uses(pipe, monkeypatch):
+    from unimodal import instructed
+
+    seeds, real = [], instructed.edit
+    monkeypatch.setattr(instructed, "edit", lambda *a, seed, **k: seeds.append(seed) or real(*a, seed=seed, **k))
+    _reading(pipe, monkeypatch, [PROMPT])
+    _, trace = pipe.edit(_scene(ONE)[0], instruction="turn the circle into a square", text=PROMPT, attempts=2,
+                         candidates=2, seed=5, steps=4)
+    assert seeds == [5, 7] and trace["plan"]["attempts"]["made"] == 2
+    assert trace["plan"]["candidates"]["candidates"] == 2  # the kept attempt's own choice among its candidates
+
+
+def test_attempts_on_a_drafted_change_or_a_caption_are_said_to_be_unused(pipe):
+    _, trace = pipe.edit(_scene(ONE)[0], instruction="make the circle blue", text=PROMPT, attempts=3, steps=4)
+    assert trace["plan"]["draft"]["attempts"] == "3 asked, not used: a drafted change is executed once"
+    _, trace = pipe.edit(PROMPT, instruction="replace 'red' by 'blue'", modality="text", attempts=2)
+    assert trace["plan"]["attempts"] == "2 asked, not used: a caption's splice is exact"
+
+
+def test_a_redrawn_edit_makes_up_to_the_default_attempts(pipe, monkeypatch):
+    from unimodal.checks import EDIT_ATTEMPTS
+
+    _reading(pipe, monkeypatch, [PROMPT])  # never the target: every attempt is made
+    _, trace = pipe.edit(_scene(ONE)[0], instruction="turn the circle into a square", text=PROMPT, steps=4)
+    assert trace["plan"]["attempts"]["asked"] == trace["plan"]["attempts"]["made"] == EDIT_ATTEMPTS == 4
+    _, drafted = pipe.edit(_scene(ONE)[0], instruction="make the circle blue", text=PROMPT, steps=4)
+    assert "attempts" not in drafted["plan"]["draft"]  # the default is not reported unused
+
+
+@pytest.mark.parametrize("attempts", [0, 17, True, 2.0])
+def test_attempts_out_of_range_are_refused(pipe, attempts):
+    with pytest.raises(SettingError, match="attempts must be an int from 1 to 16"):
+        pipe.edit(_scene(ONE)[0], instruction="turn the circle into a square", text=PROMPT, attempts=attempts)
+
+
 def test_without_text_the_picture_is_read_back_by_the_model(pipe, monkeypatch):
     calls = []
     real = pipe.generate
@@ -305,7 +384,7 @@ def test_a_target_the_model_cannot_read_is_refused_before_the_edit(tiny_model_di
 
 
 def test_a_speech_edit_redoes_the_seconds_of_the_word(pipe):
-    clip = pipe.generate(text=PROMPT, to="audio", seed=0, max_audio_seconds=1.0, temperature=1.0, **FAST)  # not empty
+    clip = pipe.generate(text=PROMPT, to="audio", seed=0, max_audio_seconds=1.0, temperature=1.0, steps=4)  # not empty
     edited, trace = pipe.edit(clip, instruction="say 'blue' instead of 'red'", text=PROMPT, **FAST)
     (region,) = trace["plan"]["regions"]
     duration = len(clip.token_ids["audio"]) / pipe.layout.audio_frame_rate

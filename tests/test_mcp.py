@@ -159,7 +159,7 @@ def test_the_self_critique_tools_have_a_schema_for_every_argument(seen):
                 "refine": {"input", "prompt", "rounds", "budget", "critic", "fraction", "threshold", "check",
                            "regions", "out", "trace", "seed", "evaluator", "patience", "source", "model_caption"},
                 "edit": {"input", "prompt", "box", "seconds", "chars", "instruction", "out", "trace", "seed",
-                         "candidates", "draft", "speech_margin"}}
+                         "candidates", "attempts", "draft", "speech_margin"}}
     for name, arguments in expected.items():
         properties = tools[name].input_schema["properties"]
         assert set(properties) == arguments, name

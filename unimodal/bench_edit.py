@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from unimodal.checks import check_speech_margin
+from unimodal.checks import EDIT_ATTEMPTS, check_speech_margin
 from unimodal.checks_refine import REGION_KEYS
 from unimodal.core.errors import InputError, OutputPathError
 from unimodal.core.grammar import COLORS, POSITIONS, SHAPES
@@ -141,7 +141,7 @@ def _judge(judge, modality: str, content, scene: dict, change: str = "colour",
 
 def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modality: str = "image",
               change: str = "colour", draft: bool = True, touch_up: bool = False,
-              speech_margin: float | None = None) -> dict:
+              speech_margin: float | None = None, attempts: int | None = None) -> dict:
     """One case's row: the instruction, the judge's and the self-check's verdicts, codes changed, passes."""
     instruction = edit_instruction(case.truth, k, modality, change)
     source = getattr(case, modality)  # the case's picture, clip or caption
@@ -153,7 +153,7 @@ def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modalit
     try:
         edited, trace = pipe.edit((source, SAMPLE_RATE) if modality == "audio" else source, instruction=instruction,
                                   text=None if modality == "text" else case.text, seed=seed + k,
-                                  candidates=candidates, modality=modality,
+                                  candidates=candidates, attempts=attempts, modality=modality,
                                   **({"draft": draft, "touch_up": touch_up} if modality == "image" else {}),
                                   **({"speech_margin": speech_margin} if speech_margin is not None else {}))
     except InputError as error:  # the plan refused it: counted as not right, said why
@@ -168,7 +168,8 @@ def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modalit
             "verdict": bool(trace["check"]["parses_to_target"]), "read_back": trace["check"]["read_back"],
             "outside_changed": trace["tokens_changed"]["outside"], "inside": trace["tokens_changed"]["inside"],
             "regions": [r[region_key] for r in plan["regions"]], "located_by": plan["located_by"],
-            "passes": trace["forward_passes"], "candidates": plan.get("candidates"), "draft": plan.get("draft"),
+            "passes": trace["forward_passes"], "candidates": plan.get("candidates"), "attempts": plan.get("attempts"),
+            "draft": plan.get("draft"),
             "touch_up": plan.get("touch_up"), "seconds": round(time.perf_counter() - start, 2), **extra}
 
 
@@ -192,10 +193,12 @@ def summarise(rows: Sequence[dict]) -> dict:
 
 def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool = True, candidates: int = 1,
                modality: str = "image", change: str = "colour", draft: bool = True, touch_up: bool = False,
-               speech_margin: float | None = None) -> dict:
+               speech_margin: float | None = None, attempts: int | None = None) -> dict:
     """The report: settings, one row per case, and the summary (see :func:`summarise`); ``candidates``:
-    regenerations per edit, the one that agrees best with the target kept; ``modality``: edit the pictures
-    (judged by the scene judge), the spoken captions (transcribed by the speech judge) or the captions;
+    regenerations per edit, the one that agrees best with the target kept; ``attempts``: executions of an edit
+    the model redraws until its check reads the target back (None: the library's default); ``modality``: edit
+    the pictures (judged by the scene judge), the spoken captions (transcribed by the speech judge) or the
+    captions;
     ``change``: what a picture edit asks for (:data:`CHANGES`; a move is asked of one-object scenes only);
     ``draft``: whether a picture edit may start from the object's own pixels, ``touch_up``: whether the model
     then redraws the drafted codes it doubts (see :func:`unimodal.instructed.instructed_edit`);
@@ -215,12 +218,14 @@ def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool 
     start, rows = time.perf_counter(), []
     for k, case in enumerate(tqdm(cases, desc="edits", unit="case", disable=not progress, leave=False)):
         rows.append(edit_case(pipe, case, k, seed, judge, candidates, modality, change, draft, touch_up,
-                              speech_margin))
+                              speech_margin, attempts))
     seconds = round(time.perf_counter() - start, 1)
     kinds = {"regeneration": modality, "read_back": "text"} if modality != "text" else {}  # a caption is spliced
     sampler = {role: {k: v for k, v in pipe._sampler_config({}, kind).__dict__.items() if k in SAMPLER_KEYS}
                for role, kind in kinds.items()}  # the model's defaults for each
-    return {"n": len(rows), "seed": seed, "modality": modality, "candidates": candidates, "sampler": sampler,
+    return {"n": len(rows), "seed": seed, "modality": modality, "candidates": candidates,
+            "attempts": EDIT_ATTEMPTS if attempts is None else attempts,
+            "sampler": sampler,
             "change": change if modality == "image" else "colour", "draft": draft if modality == "image" else None,
             "touch_up": touch_up if modality == "image" and draft else None,
             "speech_margin": (SPEECH_MARGIN if speech_margin is None else speech_margin) if modality == "audio" else None,
@@ -258,7 +263,8 @@ def format_table(report: dict) -> str:
     if modality == "audio":
         what += f", the sources spoken in the {report.get('voices', 'varied')} voices"
     lines.append(f"n={report['n']} scenes {report.get('split', 'test')} cases, {what}, seed "
-                 f"{report['seed']} (case k: seed + k), {report.get('candidates', 1)} candidate(s) per edit; "
+                 f"{report['seed']} (case k: seed + k), {report.get('candidates', 1)} candidate(s) per edit, "
+                 f"at most {report.get('attempts', 1)} attempt(s) until it reads back as asked; "
                  f"{report['seconds']} s" + (f"; {refused} refused by the plan (counted not right)" if refused else ""))
     if report["sampler"]:
         lines.append("sampler defaults: " + ", ".join(f"{role.replace('_', '-')} {values}"

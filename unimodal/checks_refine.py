@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from numbers import Real
 from pathlib import Path
 
-from unimodal.checks import (_SETTING_CHECKS, _int_setting, _readable_file, _real_setting, check_audio_file,
-                             check_candidates, check_image_file, check_speech_margin, check_text, check_writable)
+from unimodal.checks import (_SETTING_CHECKS, _int_setting, _readable_file, _real_setting, check_attempts,
+                             check_audio_file, check_candidates, check_image_file, check_speech_margin, check_text,
+                             check_writable)
 from unimodal.core.errors import EmptyInputError, InputError, InputFileError, OutputPathError, SettingError
 from unimodal.core.instructions import parse_instruction, require_fits
 from unimodal.core.paths import OUTPUT_SUFFIXES, user_path
@@ -33,7 +34,7 @@ COMMON_KEYS = ("input", "prompt", "out", "seed")
 PLAN_KEYS = ("critic", "fraction", "threshold", "check", "source", "model_caption")
 OP_KEYS = {"critique": COMMON_KEYS + PLAN_KEYS,
            "refine": COMMON_KEYS + PLAN_KEYS + ("rounds", "budget", "regions", "trace", "evaluator", "patience"),
-           "edit": COMMON_KEYS + tuple(REGION_KEYS) + ("instruction", "trace", "candidates", "draft",
+           "edit": COMMON_KEYS + tuple(REGION_KEYS) + ("instruction", "trace", "candidates", "attempts", "draft",
                                                                    "speech_margin")}
 EVALUATORS = ("critic", "agreement", "agreement-each")  # mirrors unimodal.inference.refine.EVALUATORS
 
@@ -148,6 +149,8 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
         options["draft"] = _draft(request, modality)
     if request.get("speech_margin") is not None:
         options["speech_margin"] = _speech_margin(request, modality)
+    if request.get("attempts") is not None:
+        options["attempts"] = _attempts(request)
     if op == "edit" and request.get("instruction") is not None:
         options["instruction"] = _instruction(request, modality)
     elif op == "edit":
@@ -172,6 +175,15 @@ def _speech_margin(request: Mapping, modality: str) -> float:
         raise InputError("speech_margin widens the stretch an instructed speech edit redoes; give it only with "
                          "instruction= on a clip")
     return check_speech_margin(request["speech_margin"])
+
+
+def _attempts(request: Mapping) -> int:
+    """``attempts``: executions of an instructed edit until the model reads the target back from it."""
+    if request.get("instruction") is None:
+        raise InputError("attempts redoes an instructed edit until the model reads the target back from it; a "
+                         "described edit (a region and prompt) has no target to check: give it only with "
+                         "instruction=")
+    return check_attempts(request["attempts"])
 
 
 def _instruction(request: Mapping, modality: str) -> str:

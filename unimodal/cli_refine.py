@@ -25,9 +25,9 @@ from unimodal.checks_refine import EVALUATORS
 # A request key of :func:`unimodal.checks_refine.check_refine_request` -> the flag that gives it here.
 FLAGS = {"input": "--in", "prompt": "--prompt", "out": "--out", "seed": "--seed", "critic": "--critic",
          "fraction": "--fraction", "threshold": "--threshold", "rounds": "--rounds", "budget": "--budget",
-         "trace": "--trace", "patience": "--patience", "candidates": "--candidates", "draft": "--no-draft",
-         "source": "--source", "model_caption": "--model-caption", "box": "--box", "seconds": "--seconds",
-         "chars": "--chars", "instruction": "--instruction", "speech_margin": "--speech-margin"}
+         "trace": "--trace", "patience": "--patience", "candidates": "--candidates", "attempts": "--attempts",
+         "draft": "--no-draft", "source": "--source", "model_caption": "--model-caption", "box": "--box",
+         "seconds": "--seconds", "chars": "--chars", "instruction": "--instruction", "speech_margin": "--speech-margin"}
 
 
 def _checked(op: str, args, **keys):
@@ -115,6 +115,7 @@ def _cmd_edit(args) -> int:
 
     checked = _checked("edit", args, box=args.box, seconds=args.seconds, chars=args.chars,
                        instruction=args.instruction, trace=args.trace, candidates=args.candidates,
+                       attempts=args.attempts,
                        draft=None if args.draft else False,  # only a refusal of the default travels
                        speech_margin=args.speech_margin)
     if checked.out is None:
@@ -257,7 +258,7 @@ def _cmd_bench_edit(args) -> int:
     pipe = load_pipeline(model_dir, args.device)
     report = bench_edit(pipe, cases, args.seed, judge, candidates=args.candidates, modality=args.modality,
                         change=args.change, draft=args.draft, touch_up=args.touch_up,
-                        speech_margin=args.speech_margin)
+                        speech_margin=args.speech_margin, attempts=args.attempts)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split, voices=args.voices)
     print(format_table(report))
     print(save_report(report, out))
@@ -284,19 +285,23 @@ def _speech_margin(value: str) -> float:
                                          f"--speech-margin must be a number of seconds, got {value!r}") from None
 
 
-def _candidates(value: str) -> int:
-    """An argparse type: ``--candidates`` as the library checks it (1 .. MAX_CANDIDATES), refused with the flag's
-    name before the model loads."""
-    from unimodal.checks import check_candidates
-    from unimodal.core.errors import SettingError
+def _checked_count(flag: str, check_name: str, maximum_name: str):
+    """An argparse type for a whole-number flag the library checks (``--candidates``, ``--attempts``): refused
+    with the flag's name before the model loads."""
+    def parse(value: str) -> int:
+        import unimodal.checks as checks
+        from unimodal.core.errors import SettingError
 
-    try:
-        return check_candidates(int(value))
-    except (ValueError, SettingError):
-        from unimodal.checks import MAX_CANDIDATES
+        try:
+            return getattr(checks, check_name)(int(value))
+        except (ValueError, SettingError):
+            raise argparse.ArgumentTypeError(f"{flag} must be a whole number from 1 to "
+                                             f"{getattr(checks, maximum_name)}, got {value!r}") from None
+    return parse
 
-        raise argparse.ArgumentTypeError(f"--candidates must be a whole number from 1 to {MAX_CANDIDATES}, got "
-                                         f"{value!r}") from None
+
+_candidates = _checked_count("--candidates", "check_candidates", "MAX_CANDIDATES")
+_attempts = _checked_count("--attempts", "check_attempts", "MAX_ATTEMPTS")
 
 
 def _positive(flag: str):
@@ -372,6 +377,9 @@ def add_refine_commands(sub) -> None:
     edit.add_argument("--trace", default=None, help="--instruction: write the plan and verdict here (.json)")
     edit.add_argument("--candidates", type=_candidates, default=1, help="regenerate the region this "
                       "many times and keep the one that agrees best with the description, read back by the model")
+    edit.add_argument("--attempts", type=_attempts, default=None, help="--instruction, a change the model "
+                      "redraws (a new shape, speech): redo it until the model reads the target back from it, at "
+                      "most this many times, else keep the one that agrees best (4)")
     edit.add_argument("--no-draft", dest="draft", action="store_false", help="--instruction on a picture: the "
                       "model redraws the object's box from the target caption, instead of starting a change of "
                       "colour, size or place from the object's own pixels")
@@ -466,6 +474,9 @@ def add_bench_edit_command(bench) -> None:
     sub.add_argument("--seed", type=int, default=0, help="case k's edit uses seed + k")
     sub.add_argument("--candidates", type=_candidates, default=1, help="regenerations per edit, the "
                      "one whose picture makes the target caption likeliest (read back by the model) kept (1)")
+    sub.add_argument("--attempts", type=_attempts, default=None, help="a change the model redraws (a new shape, "
+                     "speech, --no-draft): redo it until the model reads the target back from it, at most this many "
+                     "times (4)")
     sub.add_argument("--modality", default="image", choices=["image", "audio", "text"], help="edit the pictures "
                      "(default), the spoken captions (\"say 'blue' instead of 'red'\", judged through Whisper) or "
                      "the captions (\"replace 'red' by 'blue'\")")

@@ -28,7 +28,7 @@ from functools import partial
 
 import numpy as np
 
-from unimodal.checks import check_speech_margin
+from unimodal.checks import EDIT_ATTEMPTS, check_attempts, check_speech_margin
 from unimodal.core.errors import InputError
 from unimodal.core.grammar import COLORS, IMAGE_SIZE, POSITIONS, SIZES, parse_scene_caption, scene_caption, scenes_equal
 from unimodal.core.instructions import apply_instruction, parse_instruction, replace_word, require_fits
@@ -47,14 +47,19 @@ _PAIR_SIDES = {"left of": ("left", "right"), "right of": ("right", "left"), "abo
 
 
 def instructed_edit(pipe, content, instruction: str, region=None, text: str | None = None, image=None, audio=None,
-                    modality: str | None = None, seed: int = 0, candidates: int = 1, draft: bool = True,
-                    touch_up: bool = False, speech_margin: float | None = None, **settings):
+                    modality: str | None = None, seed: int = 0, candidates: int = 1, attempts: int | None = None,
+                    draft: bool = True, touch_up: bool = False, speech_margin: float | None = None, **settings):
     """Edit ``content`` as ``instruction`` asks; returns (the edited result, a JSON-ready trace).
 
     ``text``: what the content says (the caption a picture was made from, the words a clip speaks), used instead
     of reading it back; ``candidates``: regenerations of a picture's or a clip's region, the one that agrees best
     with the target description kept (see :func:`unimodal.refine.edit`; they apply to what the model redraws: a
     new shape, speech, ``draft=False`` or the touch-up, not to a drafted change, which draws nothing);
+    ``attempts``: when the check does not read the target back from what the model redrew, execute again
+    (the next seeds) and check again, up to this many executions in all; the first that reads back as the
+    target is kept, and when none does, the one whose read-back agrees best with the target (the agreement
+    score, one pass each; None: :data:`unimodal.checks.EDIT_ATTEMPTS`); like ``candidates`` it applies only to
+    what the model redraws;
     ``draft``: a picture's change of colour, size or place starts from the object's own pixels moved
     (:mod:`unimodal.inference.picture_draft`) and encoded by the image codec; False: the model redraws the
     whole region from the target description; ``touch_up``: the model then reviews the drafted codes and
@@ -63,6 +68,8 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     (:data:`unimodal.refine.SPEECH_MARGIN`, 0.4, when None; speech only); ``settings``: sampler settings of the
     read-backs and the regeneration."""
     parsed = parse_instruction(instruction)
+    asked_attempts = None if attempts is None else check_attempts(attempts)
+    attempts = EDIT_ATTEMPTS if attempts is None else attempts
     if speech_margin is not None:
         speech_margin = check_speech_margin(speech_margin)
     if touch_up and not draft:
@@ -86,16 +93,25 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     drafted = _pixel_draft(pipe, result, plan, rgb) if draft and kind == "image" else None
     if drafted is None and touch_up and kind == "image":
         plan["touch_up"] = {"applied": False, "why": "no pixel draft to review"}
-    if drafted is None:
-        edited, execute_passes = _execute(pipe, result, plan, kind, seed, settings, candidates)
-    elif touch_up:
-        edited, execute_passes = _touch_up(pipe, drafted, plan, seed, settings, candidates)
+    if drafted is None and kind != "text":
+        edited, check, execute_passes, check_passes = _attempt(pipe, result, plan, kind, seed, settings,
+                                                               candidates, attempts)
     else:
-        edited, execute_passes = drafted, 0
-        if candidates > 1:  # said, not silently dropped
+        if drafted is None:
+            edited, execute_passes = _execute(pipe, result, plan, kind, seed, settings, candidates)
+        elif touch_up:
+            edited, execute_passes = _touch_up(pipe, drafted, plan, seed, settings, candidates)
+        else:
+            edited, execute_passes = drafted, 0
+        if candidates > 1 and drafted is not None and not touch_up:  # said, not silently dropped
             plan["draft"]["candidates"] = f"{candidates} asked, not used: a drafted change regenerates nothing"
-    check = _check(pipe, edited, kind, plan["target"], seed, settings)
-    passes = {"plan": plan.pop("forward_passes"), "execute": execute_passes, "check": check.pop("forward_passes")}
+        if (asked_attempts or 1) > 1 and drafted is not None:
+            plan["draft"]["attempts"] = f"{attempts} asked, not used: a drafted change is executed once"
+        if (asked_attempts or 1) > 1 and drafted is None:
+            plan["attempts"] = f"{attempts} asked, not used: a caption's splice is exact"
+        check = _check(pipe, edited, kind, plan["target"], seed, settings)
+        check_passes = check.pop("forward_passes")
+    passes = {"plan": plan.pop("forward_passes"), "execute": execute_passes, "check": check_passes}
     trace = {"instruction": parsed.to_dict(), "modality": kind, "plan": plan,
              "tokens_changed": _tokens_changed(pipe, result, edited, kind, plan), "check": check,
              "forward_passes": sum(passes.values()), "passes": passes}
@@ -270,6 +286,36 @@ def _execute(pipe, result, plan: dict, kind: str, seed: int, settings, candidate
     if "candidates" in edited.settings["edit"]:
         plan["candidates"] = {k: edited.settings["edit"][k] for k in ("candidates", "kept", "agreement")}
     return edited, edited.forward_passes
+
+
+def _attempt(pipe, result, plan: dict, kind: str, seed: int, settings, candidates: int, attempts: int):
+    """Execute and check until the check reads the target back, at most ``attempts`` times (attempt ``a`` draws
+    from seed ``seed + a * candidates``, so no two draws share a seed); when none reads back as the target, the
+    attempt whose read-back agrees best with it (the agreement score) is kept. The kept result, its check,
+    and the execute and check passes of all the attempts; ``plan["attempts"]`` records each attempt."""
+    tried, execute_passes, check_passes = [], 0, 0
+    for a in range(attempts):
+        edited, passes = _execute(pipe, result, plan, kind, seed + a * candidates, settings, candidates)
+        check = _check(pipe, edited, kind, plan["target"], seed, settings)
+        execute_passes, check_passes = execute_passes + passes, check_passes + check.pop("forward_passes")
+        tried.append((edited, check, plan.pop("candidates", None)))
+        if check["parses_to_target"]:
+            break
+    kept, agreement = len(tried) - 1, None
+    if not tried[kept][1]["parses_to_target"] and len(tried) > 1:
+        scored = [_agreement(pipe, edited, plan["target"]) for edited, _, _ in tried]
+        check_passes += sum(calls for _, calls in scored)
+        agreement = [round(score, 6) for score, _ in scored]
+        kept = max(range(len(tried)), key=lambda k: scored[k][0])
+    edited, check, chosen = tried[kept]
+    if chosen is not None:
+        plan["candidates"] = chosen
+    if attempts > 1:
+        plan["attempts"] = {"asked": attempts, "made": len(tried), "kept": kept,
+                            "read_back": [c["read_back"] for _, c, _ in tried],
+                            "parses_to_target": [c["parses_to_target"] for _, c, _ in tried],
+                            "agreement": agreement}
+    return edited, check, execute_passes, check_passes
 
 
 def _pixel_draft(pipe, result, plan: dict, rgb: np.ndarray):

@@ -43,7 +43,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from unimodal.checks import MAX_CANDIDATES, MAX_REFINE_ROUNDS, MAX_SPEECH_MARGIN, check_request
+from unimodal.checks import MAX_ATTEMPTS, MAX_CANDIDATES, MAX_REFINE_ROUNDS, MAX_SPEECH_MARGIN, check_request
 from unimodal.checks_refine import check_refine_request
 from unimodal.core.errors import MissingDependencyError, OutputPathError, UnimodalError
 from unimodal.core.paths import user_path
@@ -336,6 +336,10 @@ def edit_tool(runner: Runner):
             ge=1, le=MAX_CANDIDATES,
             description="regenerate the region this many times and keep the one that agrees best with the "
                         "description, read back by the model")] = 1,
+        attempts: Annotated[int | None, Field(
+            ge=1, le=MAX_ATTEMPTS,
+            description="an instructed edit the model redraws (a new shape, speech): redo it until the model "
+                        "reads the target back from it, at most this many times (default 4)")] = None,
         draft: Annotated[bool | None, Field(
             description="an instructed picture edit: start a change of colour, size or place from the object's own "
                         "pixels (true, the default) or let the model redraw its box from the target caption "
