@@ -158,6 +158,7 @@ def eval_requests(direction: str, cases: Sequence[EvalCase], seed: int) -> list[
 
 
 # how to choose among draws, not how to draw
+REPAIRED_DIRECTION = "text->image"  # the one direction ``repair`` applies to: a picture drawn from a request in words
 CHOOSING_SETTINGS = ("candidates", "accept_confidence", "accept_agreement", "agreement")
 
 
@@ -202,10 +203,11 @@ def generate_direction(pipe, direction: str, cases: Sequence[EvalCase], settings
 
 
 def refine_direction(pipe, direction: str, cases: Sequence[EvalCase], results: Sequence, rounds: int, seed: int,
-                     progress: bool = True) -> tuple[list, float]:
+                     progress: bool = True, repair: bool = False) -> tuple[list, float]:
     """Each output refined (``UniModal.refine`` with its defaults for that output, ``rounds`` rounds, seed
-    ``seed + i``) against the input it was made from; the refined results (their ``forward_passes`` count the
-    refine's too) and the wall time per sample."""
+    ``seed + i``) against the input it was made from, first repaired by reading it back when ``repair`` (a
+    picture drawn from words); the refined results (their ``forward_passes`` count the refine's too) and the
+    wall time per sample."""
     from tqdm.auto import tqdm
 
     conditions, _ = parse_direction(direction)
@@ -213,7 +215,8 @@ def refine_direction(pipe, direction: str, cases: Sequence[EvalCase], results: S
     for index, (case, result) in enumerate(tqdm(list(zip(cases, results)), desc=f"{direction} (refine)",
                                                 disable=not progress, leave=False)):
         inputs = {m: getattr(case, m) for m in conditions}
-        refined.append(pipe.refine(result, **inputs, rounds=rounds, seed=seed + index)[0])
+        refined.append(pipe.refine(result, **inputs, rounds=rounds, seed=seed + index,
+                                   **({"repair": True} if repair else {}))[0])
     return refined, (time.perf_counter() - start) / max(len(results), 1)
 
 
@@ -449,13 +452,15 @@ def check_every_draw(every_draw: bool, candidates: int | None, accept_confidence
 def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECTIONS, settings: dict | None = None,
              seed: int = 0, judges: Judges | None = None, batch_size: int = 16, progress: bool = True,
              on_direction: Callable[[str, dict], None] | None = None, joint_n: int | None = None,
-             refine_rounds: int = 0, every_draw: bool = False) -> dict:
+             refine_rounds: int = 0, every_draw: bool = False, repair: bool = False) -> dict:
     """Generate and judge every direction; returns the report (figures, settings, samples for the grids).
     ``joint_n``: samples of joint generation (it reads no case, so it needs no more than a sample size);
     ``refine_rounds`` > 0: each output is then refined against its input (:func:`refine_direction`; joint, which
     has no input, is not), and judged as refined; ``every_draw`` (with a ``candidates`` setting > 1): judge every
     draw, not only the kept one, and report the best-of-k curve (:func:`best_of_curve`) as the direction's
-    ``best_of``: what each k from 1 to the candidates would have reached, from this one run."""
+    ``best_of``: what each k from 1 to the candidates would have reached, from this one run; ``repair``: each
+    picture drawn from words is read back and what the reading gets otherwise than the request changed by
+    instructed edits (``UniModal.refine(..., repair=True)``) before its ``refine_rounds`` rounds."""
     if isinstance(refine_rounds, bool) or not isinstance(refine_rounds, int) or refine_rounds < 0:
         raise InputError(f"refine_rounds must be an int >= 0, got {refine_rounds!r}")
     check_every_draw(every_draw, (settings or {}).get("candidates"), (settings or {}).get("accept_confidence"),
@@ -477,9 +482,11 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
         draws = [] if every_draw and candidates > 1 else None
         results, wall = generate_direction(pipe, direction, usable, {**settings, "candidates": candidates}, seed,
                                            batch_size, progress, draws)
-        refined = refine_rounds > 0 and direction != "joint"
+        repaired = repair and direction == REPAIRED_DIRECTION
+        refined = (refine_rounds > 0 or repaired) and direction != "joint"
         if refined:
-            results, refine_wall = refine_direction(pipe, direction, usable, results, refine_rounds, seed, progress)
+            results, refine_wall = refine_direction(pipe, direction, usable, results, refine_rounds, seed, progress,
+                                                    repaired)
             wall += refine_wall
         by_draw = []  # every draw's scores: [draw k][case i]
         if draws:  # judged together per draw index (the judges batch)
@@ -492,6 +499,8 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
         figures[direction] = summarize(direction, usable, results, scores, wall)
         if refined:
             figures[direction]["refine_rounds"] = refine_rounds
+        if repaired:
+            figures[direction]["repair"] = True
         if (settings.get("candidates") or 1) > 1:
             figures[direction]["candidates"] = candidates
             drawn = [(r.settings.get("candidates") or {}).get("drawn", 1) for r in results]
@@ -502,7 +511,7 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
         if on_direction is not None:
             on_direction(direction, figures[direction])
     return {"figures": figures, "reference": reference_figures(cases, judges, progress), "seed": seed,
-            "settings": settings, "refine_rounds": refine_rounds,
+            "settings": settings, "refine_rounds": refine_rounds, "repair": repair,
             "autoregressive": bool(getattr(pipe, "autoregressive", False)),
             "cases": {kind: sum(c.kind == kind for c in cases) for kind in sorted({c.kind for c in cases})},
             "_samples": samples}
@@ -593,13 +602,17 @@ def format_table(report: dict) -> str:
     if report.get("refine_rounds"):
         lines.append(f"every output but joint refined against its input, {report['refine_rounds']} rounds with "
                      f"refine's defaults for it; passes and s/sample include the refine")
+    if report.get("repair"):
+        lines.append(f"{REPAIRED_DIRECTION}: each picture read back by the model and each colour, size or place the "
+                     f"reading gets otherwise than the request changed by an instructed edit (repair=True); passes "
+                     f"and s/sample include the repair")
     for direction, fig in report["figures"].items():
         if fig.get("sampler"):
             lines.append(f"  {direction} sampled with {json.dumps(fig['sampler'])}")
     for direction, fig in report["figures"].items():
         if fig.get("best_of"):
             curves = fig["best_of_by_reading"]
-            before = ", the draws before refine" if report.get("refine_rounds") else ""
+            before = ", the draws before refine" if report.get("refine_rounds") or report.get("repair") else ""
             lines.append(f"{direction}, every draw judged{before}: best of k, kept by agreement read each way (as "
                          f"candidates=k, agreement=... keeps it; the run chose by {fig['reading']}), "
                          f"and some draw of the k right (s/sample above includes reading every draw each way)")

@@ -400,19 +400,24 @@ def _eval_once(model, out) -> str:
     return (out / "eval.json").read_text()
 
 
-def test_eval_refine_rounds_judges_each_output_as_refined(caption_model, tmp_path, capsys, monkeypatch):
-    """--refine-rounds refines every case's output against its own input (seeded as its request), with refine's
-    defaults, and the figures count the refine's passes; joint (no input) is not refined."""
+def _spied_refine(monkeypatch) -> list:
+    """UniModal.refine, recording the keywords of each call."""
     from unimodal.pipeline import UniModal
 
-    calls = []
-    original = UniModal.refine
+    calls, original = [], UniModal.refine
 
     def spy(self, result, **kwargs):
         calls.append(kwargs)
         return original(self, result, **kwargs)
 
     monkeypatch.setattr(UniModal, "refine", spy)
+    return calls
+
+
+def test_eval_refine_rounds_judges_each_output_as_refined(caption_model, tmp_path, capsys, monkeypatch):
+    """--refine-rounds refines every case's output against its own input (seeded as its request), with refine's
+    defaults, and the figures count the refine's passes; joint (no input) is not refined."""
+    calls = _spied_refine(monkeypatch)
     base = ["eval", "--model", str(caption_model), "--data", "scenes", "--n", "2", "--directions", "image->text",
             "--steps", "2"]
     assert main(base + ["--out", str(tmp_path / "plain")]) == 0 and calls == []
@@ -436,6 +441,22 @@ def test_eval_refine_rounds_judges_each_output_as_refined(caption_model, tmp_pat
     assert not (tmp_path / "bad").exists()
     with pytest.raises(InputError, match="refine_rounds must be an int >= 0"):
         evaluate(object(), cases, refine_rounds=-1)
+
+
+def test_eval_repair_reads_back_and_repairs_only_pictures_drawn_from_words(caption_model, tmp_path, capsys,
+                                                                            monkeypatch):
+    """--repair: each text->image picture goes through refine(repair=True) against its caption (no critic round
+    unless --refine-rounds); other directions are not refined; the figures and the table say so."""
+    calls = _spied_refine(monkeypatch)
+    assert main(["eval", "--model", str(caption_model), "--data", "scenes", "--n", "2", "--directions",
+                 "text->image,image->text", "--steps", "2", "--repair", "--out", str(tmp_path / "r")]) == 0
+    cases, _ = load_cases("scenes", "test", 2, speech=False)
+    assert [k["text"] for k in calls] == [c.text for c in cases]  # the two pictures, none of the captions
+    assert all(k["repair"] is True and k["rounds"] == 0 for k in calls)
+    report = json.loads((tmp_path / "r" / "eval.json").read_text())
+    assert report["repair"] is True and report["figures"]["text->image"]["repair"] is True
+    assert "repair" not in report["figures"]["image->text"]
+    assert "changed by an instructed edit (repair=True)" in capsys.readouterr().out
 
 
 def _same_but_time(a, b):

@@ -157,7 +157,8 @@ def test_the_self_critique_tools_have_a_schema_for_every_argument(seen):
     expected = {"critique": {"input", "prompt", "critic", "fraction", "threshold", "check", "out", "seed", "source",
                              "model_caption"},
                 "refine": {"input", "prompt", "rounds", "budget", "critic", "fraction", "threshold", "check",
-                           "regions", "out", "trace", "seed", "evaluator", "patience", "source", "model_caption"},
+                           "regions", "out", "trace", "seed", "evaluator", "patience", "source", "model_caption",
+                           "repair"},
                 "edit": {"input", "prompt", "box", "seconds", "chars", "instruction", "out", "trace", "seed",
                          "candidates", "attempts", "draft", "speech_margin"}}
     for name, arguments in expected.items():

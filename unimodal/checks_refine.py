@@ -33,7 +33,8 @@ REGION_KEYS = {"box": "image", "seconds": "audio", "chars": "text"}
 COMMON_KEYS = ("input", "prompt", "out", "seed")
 PLAN_KEYS = ("critic", "fraction", "threshold", "check", "source", "model_caption")
 OP_KEYS = {"critique": COMMON_KEYS + PLAN_KEYS,
-           "refine": COMMON_KEYS + PLAN_KEYS + ("rounds", "budget", "regions", "trace", "evaluator", "patience"),
+           "refine": COMMON_KEYS + PLAN_KEYS + ("rounds", "budget", "regions", "trace", "evaluator", "patience",
+                                                "repair"),
            "edit": COMMON_KEYS + tuple(REGION_KEYS) + ("instruction", "trace", "candidates", "attempts", "draft",
                                                                    "speech_margin")}
 EVALUATORS = ("critic", "agreement", "agreement-each")  # mirrors unimodal.inference.refine.EVALUATORS
@@ -145,6 +146,8 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
               "evaluator": _evaluator,
               "regions": lambda v: check_regions(v, modality)}
     options.update({key: check(request[key]) for key, check in checks.items() if request.get(key) is not None})
+    if request.get("repair") is not None:
+        options["repair"] = _repair(request, modality)
     if request.get("draft") is not None:
         options["draft"] = _draft(request, modality)
     if request.get("speech_margin") is not None:
@@ -159,6 +162,14 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
                              "and prompt) has none")
         options["region"] = _edit_region(request, modality)
     return options
+
+
+def _repair(request: Mapping, modality: str) -> bool:
+    """``repair``: read a picture back and change what the reading gets otherwise than its prompt."""
+    if modality != "image" or request.get("prompt") is None:
+        raise InputError("repair reads a picture back and compares it with the request it was drawn from: give it "
+                         "only with a picture input and its prompt")
+    return _flag(request["repair"], "repair")
 
 
 def _draft(request: Mapping, modality: str) -> bool:

@@ -44,7 +44,8 @@ def _cmd_eval(args) -> int:
         print(f"note: {note}", file=sys.stderr)
     report = evaluate(pipe, cases, directions, settings, seed=args.seed, batch_size=args.batch_size,
                       on_direction=lambda d, f: print(f"done: {d}", file=sys.stderr, flush=True),
-                      joint_n=args.joint_n, refine_rounds=args.refine_rounds, every_draw=args.every_draw)
+                      joint_n=args.joint_n, refine_rounds=args.refine_rounds, every_draw=args.every_draw,
+                      repair=args.repair)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), data=args.data, split=args.split,
                   n_per_data_set=args.n, joint_n=args.joint_n, notes=notes)
     print(format_table(report))
@@ -110,6 +111,9 @@ def add_eval_command(sub) -> None:
     ev.add_argument("--refine-rounds", type=int, default=0, help="then refine each output against its input for "
                     "up to this many rounds, with refine's defaults for that output (a caption read from a picture: "
                     "doubtful words redrawn and kept by agreement), and judge it as refined; joint is not refined")
+    ev.add_argument("--repair", action="store_true", help="text->image: read each picture back with the model and "
+                    "change each colour, size or place the reading gets otherwise than the prompt by an instructed "
+                    "edit from the object's own pixels, before any --refine-rounds (UniModal.refine(repair=True))")
     _add_sampling_flags(ev, temperature_default=None)
     ev.set_defaults(func=_cmd_eval)
 

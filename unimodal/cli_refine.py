@@ -27,7 +27,8 @@ FLAGS = {"input": "--in", "prompt": "--prompt", "out": "--out", "seed": "--seed"
          "fraction": "--fraction", "threshold": "--threshold", "rounds": "--rounds", "budget": "--budget",
          "trace": "--trace", "patience": "--patience", "candidates": "--candidates", "attempts": "--attempts",
          "draft": "--no-draft", "source": "--source", "model_caption": "--model-caption", "box": "--box",
-         "seconds": "--seconds", "chars": "--chars", "instruction": "--instruction", "speech_margin": "--speech-margin"}
+         "seconds": "--seconds", "chars": "--chars", "instruction": "--instruction", "speech_margin": "--speech-margin",
+         "repair": "--repair"}
 
 
 def _checked(op: str, args, **keys):
@@ -100,7 +101,7 @@ def _cmd_refine(args) -> int:
     checked = _checked("refine", args, critic=args.critic, fraction=args.fraction, threshold=args.threshold,
                        check=args.check, source=args.source, model_caption=args.model_caption,
                        rounds=args.rounds, budget=args.budget, trace=args.trace,
-                       evaluator=args.evaluator, patience=args.patience)
+                       evaluator=args.evaluator, patience=args.patience, repair=args.repair or None)
     pipe = load_pipeline(args.model, args.device)
     _, files, trace = run_refine(pipe, checked)
     print(f"{trace['rounds_kept']} of {len(trace['rounds'])} round(s) kept, score {trace['score_initial']:.4f} -> "
@@ -362,6 +363,9 @@ def add_refine_commands(sub) -> None:
     refine.add_argument("--evaluator", default=None, choices=EVALUATORS, help="what keeps a "
                         "round: the critic's own score (default), or agreement: --prompt read back from the output "
                         "by the model became likelier (agreement-each: read word by word, a pass a word)")
+    refine.add_argument("--repair", action="store_true", help="a picture and its --prompt: first read the picture "
+                        "back with the model and change each colour, size or place the reading gets otherwise than "
+                        "the prompt by an instructed edit from the object's own pixels (the trace's repair)")
     refine.add_argument("--patience", type=_positive("--patience"), default=None, help="rounds in a row not kept "
                         "before it stops; each retry re-plans and samples anew (1)")
     refine.set_defaults(func=_cmd_refine)

@@ -1,0 +1,113 @@
+"""Repair by reading back (``UniModal.refine(..., repair=True)``, ``unimodal eval --repair``): which attributes a
+reading asks to change (pairs matched in either order; shapes and relations left alone), and the loop on a tiny
+random model with its reading replaced, so each verdict is the test's: an edit kept where the read colour's pixels
+are found, refused where they are not, nothing done when the reading agrees."""
+
+import json
+
+import numpy as np
+import pytest
+
+from unimodal.core.errors import InputError
+from unimodal.core.grammar import parse_scene_caption
+from unimodal.repair import matched, repairs
+
+ONE = {"objects": [{"shape": "circle", "color": "red", "size": "small", "position": "left"}], "relation": None}
+DRAWN = "a small red circle on the left"
+
+
+def _parsed(*captions):
+    return [parse_scene_caption(c) for c in captions]
+
+
+def test_a_colour_size_or_place_read_otherwise_is_repaired_and_a_shape_is_not():
+    asked, heard = _parsed("a large blue square at the top", "a small red circle on the left")
+    assert repairs(asked, heard) == [(0, "color", "blue"), (0, "size", "large"), (0, "position", "top")]
+    asked, heard = _parsed("a small red square on the left", DRAWN)
+    assert repairs(asked, heard) == []  # the shape is the model's to draw: left to the critic's rounds
+
+
+def test_a_pair_read_in_the_other_order_is_matched_object_to_object():
+    asked, heard = _parsed("a small blue triangle to the right of a large red cross",
+                           "a large red cross to the left of a small green triangle")
+    assert matched(asked, heard) == [1, 0]
+    assert repairs(asked, heard) == [(1, "color", "blue")]  # the triangle, wherever the reading put it
+    asked, heard = _parsed("a small blue triangle to the right of a large red cross",
+                           "a large red cross to the right of a small blue triangle")
+    assert repairs(asked, heard) == []  # only the relation differs: not repaired
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_caption_model_dir):
+    from unimodal import UniModal
+
+    return UniModal.from_pretrained(tiny_caption_model_dir)
+
+
+def _picture(pipe):
+    """A result whose codes are the tiny codec's of a rendered scene and whose picture is the scene itself (the
+    tiny codec is untrained: its decoded pictures have no objects to find)."""
+    from dataclasses import replace
+
+    from PIL import Image
+
+    from unimodal.refine import as_result
+    from unimodal.training.data.scenes import render_scene
+
+    rgb = render_scene(ONE, np.random.default_rng(0))[0]
+    return replace(as_result(pipe, rgb), image=Image.fromarray(rgb))
+
+
+def _reads(pipe, monkeypatch, said):
+    """Every read-back of the pipeline says ``said`` (the check's and each edit's)."""
+    real = pipe.generate
+
+    def reads(**kwargs):
+        result = real(**kwargs)
+        if "image" in kwargs and kwargs.get("to") == "text":
+            result.text = said
+        return result
+
+    monkeypatch.setattr(pipe, "generate", reads)
+
+
+def test_a_colour_read_otherwise_is_changed_from_the_objects_own_pixels(pipe, monkeypatch):
+    _reads(pipe, monkeypatch, DRAWN)
+    picture = _picture(pipe)
+    fixed, trace = pipe.refine(picture, text="a small blue circle on the left", repair=True, rounds=0)
+    repair = trace["repair"]
+    assert repair["check"]["read_back"] == DRAWN and not repair["check"]["agrees"]
+    (edit,) = repair["edits"]
+    assert edit["instruction"] == "make the small red circle blue" and edit["kept"] is True
+    inside = set().union(*(pipe.layout.image_box_to_positions(r["box"]).tolist() for r in edit["regions"]))
+    changed = {k for k, (a, b) in enumerate(zip(picture.token_ids["image"], fixed.token_ids["image"])) if a != b}
+    assert changed and changed <= inside  # the circle's box redrafted, nothing outside it
+    assert trace["forward_passes"] >= repair["forward_passes"] > 0
+    assert fixed.forward_passes == picture.forward_passes + trace["forward_passes"]
+    assert json.loads(json.dumps(trace)) == trace
+
+
+def test_a_colour_the_picture_does_not_show_is_not_trusted(pipe, monkeypatch):
+    _reads(pipe, monkeypatch, "a small green circle on the left")  # there is no green in the picture
+    picture = _picture(pipe)
+    fixed, trace = pipe.refine(picture, text="a small blue circle on the left", repair=True, rounds=0)
+    (edit,) = trace["repair"]["edits"]
+    assert edit["kept"] is False and "not found by the pixels of the colour it was read as" in edit["why"]
+    assert fixed.token_ids["image"] == picture.token_ids["image"]
+
+
+def test_a_reading_that_agrees_changes_nothing(pipe, monkeypatch):
+    _reads(pipe, monkeypatch, DRAWN)
+    picture = _picture(pipe)
+    fixed, trace = pipe.refine(picture, text=DRAWN, repair=True, rounds=0)
+    assert trace["repair"]["edits"] == [] and trace["repair"]["why"] == "the reading agrees with the request"
+    assert fixed.token_ids["image"] == picture.token_ids["image"]
+
+
+def test_repair_needs_a_picture_and_its_request(pipe):
+    picture = pipe.generate(text=DRAWN, to="image", steps=1)
+    with pytest.raises(InputError, match="give a picture and its request as text="):
+        pipe.refine(picture, repair=True, rounds=0)
+    caption = pipe.generate(image=_picture(pipe).image, to="text", steps=1)
+    with pytest.raises(InputError, match="give a picture and its request as text="):
+        pipe.refine(caption, text=DRAWN, repair=True, rounds=0)

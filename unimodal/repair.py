@@ -1,0 +1,94 @@
+"""Repair by the model's own reading: read a picture back, and change what the reading and the request disagree on
+with instructed edits (:mod:`unimodal.instructed`), one attribute at a time.
+
+The plan is the cross-modal check (:func:`unimodal.refine.cross_modal_check`): the picture is captioned by the same
+model and both captions are parsed by the caption grammar. The objects of the reading are matched to the request's
+(a pair may be read in the other order), and each colour, size or place of a matched object that differs becomes an
+instruction ("make the small yellow circle green") executed on the picture as it stands, with the reading as what
+it shows. Those three changes keep the object's silhouette, so they start from its own pixels (the pixel draft);
+an edit whose object is not found by the pixels of the colour it was read as is not kept: the reading, not the
+picture, was wrong there. A shape and a pair's relation are left as drawn: the model reads the shapes it draws wrong
+as right on the test scenes, and reads a held-out colour+shape pair's shape by the colour it saw it with
+(docs/critique.md, "Repair by reading back").
+
+    fixed, trace = pipe.refine(result, text="a small green circle on the left", repair=True, rounds=0)
+"""
+
+from __future__ import annotations
+
+from itertools import permutations
+
+from unimodal.core.errors import InputError
+from unimodal.core.grammar import parse_scene_caption, scene_caption
+
+# What a repair changes, and the instruction that changes it (the instruction language's forms).
+REPAIRED = {"color": "make the {name} {value}", "size": "make the {name} {value}",
+            "position": "move the {name} to the {value}"}
+COMPARED = ("shape", "color", "size")  # the attributes that tell which read object is which asked one
+
+
+def matched(asked: dict, heard: dict) -> list[int]:
+    """For each asked object, the index of the read object it is: the pairing on which most attributes agree (the
+    order as read when pairings tie)."""
+    n = len(asked["objects"])
+
+    def agreeing(order) -> int:
+        return sum(asked["objects"][i].get(key) == heard["objects"][j].get(key)
+                   for i, j in enumerate(order) for key in COMPARED)
+
+    return list(max(permutations(range(n)), key=lambda order: (agreeing(order), order == tuple(range(n)))))
+
+
+def repairs(asked: dict, heard: dict) -> list[tuple[int, str, str]]:
+    """(read object's index, attribute, asked value) for each colour, size or place the reading gets otherwise than
+    the request, the matched objects in the request's order."""
+    found = []
+    for i, j in enumerate(matched(asked, heard)):
+        want, seen = asked["objects"][i], heard["objects"][j]
+        found += [(j, key, want[key]) for key in REPAIRED if want.get(key) is not None and want[key] != seen.get(key)]
+    return found
+
+
+def repair_by_reading(pipe, result, request: str, seed: int = 0) -> tuple[object, dict]:
+    """The picture with each attribute its reading gets wrong changed by an instructed edit, and the trace:
+    ``check`` (the reading, :func:`unimodal.refine.cross_modal_check`), ``edits`` (each instruction with whether
+    it was kept and why not), ``forward_passes``. Nothing changes when the reading agrees with the request, states
+    another number of objects or no scene, or only a shape or relation differs."""
+    from unimodal.instructed import instructed_edit
+    from unimodal.refine import cross_modal_check
+
+    check = cross_modal_check(pipe, result, request, seed)
+    trace = {"check": check, "edits": [], "forward_passes": check.get("forward_passes", 0)}
+    asked = parse_scene_caption(request) if check.get("ran") else None
+    heard = parse_scene_caption(check.get("read_back") or "") if asked is not None else None
+    if asked is None or check["agrees"] or heard is None or len(heard["objects"]) != len(asked["objects"]):
+        trace["why"] = ("the reading agrees with the request" if check.get("agrees") else
+                        "no reading of a scene to compare" if heard is None else
+                        "the reading states another number of objects" if asked is not None else
+                        "the request states no scene")
+        return result, trace
+    current = heard
+    for index, key, value in repairs(asked, heard):
+        obj = current["objects"][index]
+        instruction = REPAIRED[key].format(name=f"{obj['size']} {obj['color']} {obj['shape']}", value=value)
+        step = {"instruction": instruction}
+        try:
+            edited, edit_trace = instructed_edit(pipe, result, instruction, text=scene_caption(current, 0),
+                                                 seed=seed, attempts=1)
+        except InputError as refused:  # two objects the reading names alike, a move in a pair
+            trace["edits"].append({**step, "kept": False, "why": str(refused)})
+            continue
+        trace["forward_passes"] += edit_trace["forward_passes"]
+        draft = edit_trace["plan"].get("draft", {})
+        if not draft.get("used"):
+            trace["edits"].append({**step, "kept": False, "why": "the object was not found by the pixels of the "
+                                   f"colour it was read as ({draft.get('why')}): the reading is not trusted"})
+            continue
+        result, current = edited, edit_trace["plan"]["target_attributes"]
+        trace["edits"].append({**step, "kept": True, "regions": edit_trace["plan"]["regions"],
+                               "read_back": edit_trace["check"]["read_back"],
+                               "parses_to_target": edit_trace["check"]["parses_to_target"]})
+    return result, trace
+
+
+__all__ = ["REPAIRED", "matched", "repair_by_reading", "repairs"]
