@@ -82,7 +82,7 @@ def test_a_colour_read_otherwise_is_changed_from_the_objects_own_pixels(pipe, mo
     inside = set().union(*(pipe.layout.image_box_to_positions(r["box"]).tolist() for r in edit["regions"]))
     changed = {k for k, (a, b) in enumerate(zip(picture.token_ids["image"], fixed.token_ids["image"])) if a != b}
     assert changed and changed <= inside  # the circle's box redrafted, nothing outside it
-    assert trace["forward_passes"] >= repair["forward_passes"] > 0
+    assert edit["codes_drafted"] > 0 and trace["forward_passes"] >= repair["forward_passes"] > 0
     assert fixed.forward_passes == picture.forward_passes + trace["forward_passes"]
     assert json.loads(json.dumps(trace)) == trace
 
@@ -92,7 +92,8 @@ def test_a_colour_the_picture_does_not_show_is_not_trusted(pipe, monkeypatch):
     picture = _picture(pipe)
     fixed, trace = pipe.refine(picture, text="a small blue circle on the left", repair=True, rounds=0)
     (edit,) = trace["repair"]["edits"]
-    assert edit["kept"] is False and "not found by the pixels of the colour it was read as" in edit["why"]
+    assert edit["kept"] is False and edit["why"] == ("no pixel draft (the object was not found by its colour's "
+                                                     "pixels): the reading is not trusted")
     assert fixed.token_ids["image"] == picture.token_ids["image"]
 
 
@@ -102,6 +103,14 @@ def test_a_reading_that_agrees_changes_nothing(pipe, monkeypatch):
     fixed, trace = pipe.refine(picture, text=DRAWN, repair=True, rounds=0)
     assert trace["repair"]["edits"] == [] and trace["repair"]["why"] == "the reading agrees with the request"
     assert fixed.token_ids["image"] == picture.token_ids["image"]
+
+
+def test_nothing_is_repaired_without_a_scene_on_both_sides(pipe, monkeypatch):
+    _reads(pipe, monkeypatch, "a small red circle to the left of a large blue square")
+    _, trace = pipe.refine(_picture(pipe), text="a small blue circle on the left", repair=True, rounds=0)
+    assert trace["repair"]["why"] == "the reading states another number of objects" and not trace["repair"]["edits"]
+    _, trace = pipe.refine(_picture(pipe), text="a drawing of a boat", repair=True, rounds=0)
+    assert trace["repair"]["why"] == "the request states no scene"
 
 
 def test_repair_needs_a_picture_and_its_request(pipe):

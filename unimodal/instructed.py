@@ -120,6 +120,17 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     return edited, trace
 
 
+def drafted_edit(pipe, result, instruction: str, text: str) -> tuple[object | None, dict]:
+    """The pixel draft of an instructed picture edit alone, no model call: (the drafted result, or None when the
+    change has no draft (a new shape, an object not found by its colour's pixels); the plan). ``text``: what the
+    picture shows. For a caller that checks the result its own way (:mod:`unimodal.repair`)."""
+    parsed = parse_instruction(instruction)
+    require_fits(parsed, "image")
+    rgb = np.asarray(result.image.convert("RGB"))
+    plan = plan_picture(pipe, result, parsed, text, 0, {}, rgb)
+    return _pixel_draft(pipe, result, plan, rgb), plan
+
+
 def _pixels(pipe, content, result, kind: str) -> np.ndarray | None:
     """The picture to find objects in: as given (the codec is lossy; the caller's pixels are the truth), or the
     result's own picture when the content is a result."""

@@ -50,11 +50,13 @@ def repairs(asked: dict, heard: dict) -> list[tuple[int, str, str]]:
 
 
 def repair_by_reading(pipe, result, request: str, seed: int = 0) -> tuple[object, dict]:
-    """The picture with each attribute its reading gets wrong changed by an instructed edit, and the trace:
-    ``check`` (the reading, :func:`unimodal.refine.cross_modal_check`), ``edits`` (each instruction with whether
-    it was kept and why not), ``forward_passes``. Nothing changes when the reading agrees with the request, states
-    another number of objects or no scene, or only a shape or relation differs."""
-    from unimodal.instructed import instructed_edit
+    """The picture with each attribute its reading gets wrong changed by an instructed edit's pixel draft
+    (:func:`unimodal.instructed.drafted_edit`: no model call; the reading already said what to change), and the
+    trace: ``check`` (the reading, :func:`unimodal.refine.cross_modal_check`), ``edits`` (each instruction, whether
+    it was kept and why not, its regions and codes drafted), ``forward_passes`` (the reading's). Nothing changes
+    when the reading agrees with the request, states another number of objects or no scene, or only a shape or
+    relation differs."""
+    from unimodal.instructed import drafted_edit
     from unimodal.refine import cross_modal_check
 
     check = cross_modal_check(pipe, result, request, seed)
@@ -62,32 +64,27 @@ def repair_by_reading(pipe, result, request: str, seed: int = 0) -> tuple[object
     asked = parse_scene_caption(request) if check.get("ran") else None
     heard = parse_scene_caption(check.get("read_back") or "") if asked is not None else None
     if asked is None or check["agrees"] or heard is None or len(heard["objects"]) != len(asked["objects"]):
-        trace["why"] = ("the reading agrees with the request" if check.get("agrees") else
-                        "no reading of a scene to compare" if heard is None else
-                        "the reading states another number of objects" if asked is not None else
-                        "the request states no scene")
+        trace["why"] = ("the request states no scene" if asked is None else
+                        "the reading agrees with the request" if check["agrees"] else
+                        "the reading states no scene" if heard is None else
+                        "the reading states another number of objects")
         return result, trace
     current = heard
     for index, key, value in repairs(asked, heard):
         obj = current["objects"][index]
         instruction = REPAIRED[key].format(name=f"{obj['size']} {obj['color']} {obj['shape']}", value=value)
-        step = {"instruction": instruction}
         try:
-            edited, edit_trace = instructed_edit(pipe, result, instruction, text=scene_caption(current, 0),
-                                                 seed=seed, attempts=1)
+            edited, plan = drafted_edit(pipe, result, instruction, scene_caption(current, 0))
         except InputError as refused:  # two objects the reading names alike, a move in a pair
-            trace["edits"].append({**step, "kept": False, "why": str(refused)})
+            trace["edits"].append({"instruction": instruction, "kept": False, "why": str(refused)})
             continue
-        trace["forward_passes"] += edit_trace["forward_passes"]
-        draft = edit_trace["plan"].get("draft", {})
-        if not draft.get("used"):
-            trace["edits"].append({**step, "kept": False, "why": "the object was not found by the pixels of the "
-                                   f"colour it was read as ({draft.get('why')}): the reading is not trusted"})
+        if edited is None:
+            trace["edits"].append({"instruction": instruction, "kept": False,
+                                   "why": f"no pixel draft ({plan['draft']['why']}): the reading is not trusted"})
             continue
-        result, current = edited, edit_trace["plan"]["target_attributes"]
-        trace["edits"].append({**step, "kept": True, "regions": edit_trace["plan"]["regions"],
-                               "read_back": edit_trace["check"]["read_back"],
-                               "parses_to_target": edit_trace["check"]["parses_to_target"]})
+        result, current = edited, plan["target_attributes"]
+        trace["edits"].append({"instruction": instruction, "kept": True, "regions": plan["regions"],
+                               "codes_drafted": plan["draft"]["codes_drafted"]})
     return result, trace
 
 
