@@ -10,7 +10,7 @@ import pytest
 
 from unimodal.core.errors import InputError
 from unimodal.core.grammar import parse_scene_caption
-from unimodal.repair import matched, repairs
+from unimodal.repair import as_read, matched, repairs
 
 ONE = {"objects": [{"shape": "circle", "color": "red", "size": "small", "position": "left"}], "relation": None}
 DRAWN = "a small red circle on the left"
@@ -22,19 +22,30 @@ def _parsed(*captions):
 
 def test_a_colour_size_or_place_read_otherwise_is_repaired_and_a_shape_is_not():
     asked, heard = _parsed("a large blue square at the top", "a small red circle on the left")
-    assert repairs(asked, heard) == [(0, "color", "blue"), (0, "size", "large"), (0, "position", "top")]
+    assert repairs(asked, as_read(asked, heard)) == [(0, "color", "blue"), (0, "size", "large"),
+                                                     (0, "position", "top")]
     asked, heard = _parsed("a small red square on the left", DRAWN)
-    assert repairs(asked, heard) == []  # the shape is the model's to draw: left to the critic's rounds
+    assert repairs(asked, as_read(asked, heard)) == []  # the shape is the model's to draw
 
 
 def test_a_pair_read_in_the_other_order_is_matched_object_to_object():
     asked, heard = _parsed("a small blue triangle to the right of a large red cross",
                            "a large red cross to the left of a small green triangle")
     assert matched(asked, heard) == [1, 0]
-    assert repairs(asked, heard) == [(1, "color", "blue")]  # the triangle, wherever the reading put it
+    shown = as_read(asked, heard)
+    assert shown["relation"] == "right of" and [o["shape"] for o in shown["objects"]] == ["triangle", "cross"]
+    assert repairs(asked, shown) == [(0, "color", "blue")]  # the triangle, wherever the reading put it
     asked, heard = _parsed("a small blue triangle to the right of a large red cross",
                            "a large red cross to the right of a small blue triangle")
-    assert repairs(asked, heard) == []  # only the relation differs: not repaired
+    assert repairs(asked, as_read(asked, heard)) == []  # only the relation differs: not repaired
+
+
+def test_the_relation_breaks_a_tie_between_pairings():
+    # each pairing agrees on three attributes; read in the other order, "below" is the request's "above"
+    asked, heard = _parsed("a small red triangle above a large green cross",
+                           "a small green cross below a large green triangle")
+    assert matched(asked, heard) == [1, 0]
+    assert repairs(asked, as_read(asked, heard)) == [(0, "color", "red"), (0, "size", "small"), (1, "size", "large")]
 
 
 @pytest.fixture(scope="module")
