@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from unimodal.cli import main
-from unimodal.demo import DIRECTIONS, EDITS, REFINE_ROUNDS, run_demo, summary_line
+from unimodal.demo import DIRECTIONS, EDITS, REFINE_ROUNDS, REPAIR_INDEX, REPAIR_SPLIT, run_demo, summary_line
 from unimodal.demo_page import slug
 
 
@@ -43,7 +43,7 @@ def test_every_linked_file_exists_and_every_direction_has_its_section(demo_page)
     assert parser.links, "the page links no files"
     missing = [link for link in parser.links if not (page.parent / link).is_file()]
     assert not missing, f"linked but not written: {missing}"
-    assert {slug(d) for d in DIRECTIONS} | {"refine", "edits"} <= parser.ids
+    assert {slug(d) for d in DIRECTIONS} | {"refine", "repair", "edits"} <= parser.ids
     kinds = {Path(link).suffix for link in parser.links}
     assert {".png", ".wav", ".txt", ".json"} <= kinds  # pictures, speech players, captions, the summary
 
@@ -94,3 +94,18 @@ def test_cli_demo_refuses_an_out_it_cannot_create(tmp_path, capsys):
     blocker.write_text("not a folder")
     assert main(["demo", "--out", str(blocker / "below"), "--quiet"]) == 2
     assert "cannot write the demo" in capsys.readouterr().err
+
+
+def test_the_held_out_request_is_drawn_read_back_and_repaired(demo_page):
+    from unimodal.eval_cases import load_cases
+
+    page, summary = demo_page
+    repair = summary["repair"]
+    request = load_cases("scenes", split=REPAIR_SPLIT, n=REPAIR_INDEX + 1, speech=False)[0][REPAIR_INDEX].text
+    assert repair["request"] == request and request in page.read_text(encoding="utf-8")
+    assert (page.parent / repair["drawn"]).is_file() and (page.parent / repair["repaired"]).is_file()
+    # the tiny model reads nothing as a scene: nothing is changed, and the page says why
+    assert repair["edits"] or repair["why"] in page.read_text(encoding="utf-8")
+    assert all(set(e) >= {"instruction", "kept"} for e in repair["edits"]) and repair["forward_passes"] > 0
+    kept = sum(e["kept"] for e in repair["edits"])
+    assert f"repair: {kept} edit{'s' if kept != 1 else ''}, drawn " in summary_line(summary)

@@ -29,6 +29,9 @@ REFINE_ROUNDS = 2
 # The refine loop within the minute: the critic scores the picture in 2 masked passes (not 4) and each round
 # regenerates its flagged codes in 4 steps; `unimodal refine` keeps the fuller defaults.
 REFINE_GROUPS, REFINE_STEPS = 2, 4
+# Repair by reading back: a held-out request (a colour and shape never seen together in training) that the model
+# draws, at the demo's steps and seed 0, in the colour it saw the shape with (purple); read back and repaired.
+REPAIR_SPLIT, REPAIR_INDEX = "heldout", 11  # "a small blue cross in the center"
 # Instructed edits of the input picture (plan -> execute -> check), each judged against the scene it asks for.
 EDITS = ("make the square red", "move the square to the left")
 # Each direction, with the outputs the page shows for it; requests with the same outputs are batched together.
@@ -44,6 +47,7 @@ class DemoRun:
     verdicts: dict = field(default_factory=dict)
     rounds: list = field(default_factory=list)
     refine_stopped: str = ""  # why the refine loop ended (refine's trace: "nothing flagged", "rounds", ...)
+    repair: dict = field(default_factory=dict)  # the held-out request drawn, read back and repaired
     edits: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)
@@ -73,7 +77,7 @@ def prepare_out(out: str | os.PathLike) -> Path:
         raise OutputPathError(f"--out {str(out)!r} is a file; give a folder for index.html and its pictures")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        for sub in ("inputs", "outputs", "refine", "edits"):
+        for sub in ("inputs", "outputs", "refine", "repair", "edits"):
             (folder / sub).mkdir(exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
             pass
@@ -192,6 +196,30 @@ def refine_rounds(pipe, draft, case, seed: int, judge_pictures: bool, log) -> tu
     return rounds, trace["stopped"]
 
 
+def repair_by_reading(pipe, seed: int, judge_pictures: bool, log) -> dict:
+    """A held-out request drawn and repaired by reading it back (``refine(repair=True)``): the request, the
+    drawn and the repaired pictures, the model's reading, each instruction it led to (kept or why not), the
+    regions changed, the model calls, and the scene judge's verdicts before and after."""
+    from unimodal.eval_cases import load_cases
+
+    case = load_cases("scenes", split=REPAIR_SPLIT, n=REPAIR_INDEX + 1, speech=False)[0][REPAIR_INDEX]
+    log(f"drawing a held-out request and repairing it by reading it back: {case.text!r}")
+    drawn = pipe.generate(text=case.text, to="image", steps=IMAGE_STEPS, seed=seed)
+    fixed, trace = pipe.refine(drawn, text=case.text, repair=True, rounds=0, seed=seed)
+    repair, judge = trace["repair"], None
+    if judge_pictures:
+        from unimodal.judges import SceneJudge
+
+        judge = SceneJudge()
+    return {"request": case.text, "before": drawn.image, "after": fixed.image,
+            "read_back": repair["check"].get("read_back"), "why": repair.get("why"),
+            "edits": [{k: e[k] for k in ("instruction", "kept", "why") if k in e} for e in repair["edits"]],
+            "regions": [r for e in repair["edits"] if e["kept"] for r in e["regions"]],
+            "forward_passes": fixed.forward_passes,
+            "correct_before": _scene_right(judge, case.truth, drawn.image),
+            "correct_after": _scene_right(judge, case.truth, fixed.image)}
+
+
 def instructed_edits(pipe, case, seed: int, judge_pictures: bool, log) -> list[dict]:
     """Each of :data:`EDITS` on the input picture (its caption given, as a caller who made it would): the
     picture before and after, the planned regions, the plan's target, the model's own check, and the scene
@@ -249,6 +277,7 @@ def run_demo(out: str | os.PathLike = DEFAULT_OUT, model=None, device: str | Non
     judge_pictures, judge_speech = scene_judge_status() is None, speech_judge_status(judge_speech) is None
     run.rounds, run.refine_stopped = refine_rounds(pipe, run.results["text->image"], run.case, seed, judge_pictures,
                                                    log)
+    run.repair = repair_by_reading(pipe, seed, judge_pictures, log)
     run.edits = instructed_edits(pipe, run.case, seed, judge_pictures, log)
     log("judging the outputs" + (" (Whisper transcribes the speech)" if judge_speech else ""))
     run.verdicts = judge_directions(run.case, run.results, judge_speech, judge_pictures)
@@ -259,7 +288,7 @@ def run_demo(out: str | os.PathLike = DEFAULT_OUT, model=None, device: str | Non
 
 
 def summary_line(summary: dict) -> str:
-    """``7 directions: 3 of 5 judged outputs right, 2 not judged; refine: ...; edits: ...; 41.2 s``."""
+    """``7 directions: 3 of 5 judged outputs right, 2 not judged; refine: ...; repair: ...; edits: ...; 41.2 s``."""
     counts = summary["counts"]
     refine = summary["refine"]
     line = (f"{len(summary['directions'])} directions: {counts['right']} of {counts['judged']} judged outputs right"
@@ -269,6 +298,11 @@ def summary_line(summary: dict) -> str:
         line += f"; refine: {rounds}, draft {_word(refine['draft_right'])} -> {_word(refine['final_right'])}"
     elif refine.get("stopped"):
         line += f"; refine: no round ({refine['stopped']})"
+    repair = summary.get("repair")
+    if repair:
+        kept = sum(e["kept"] for e in repair["edits"])
+        line += (f"; repair: {kept} edit{'s' if kept != 1 else ''}, drawn {_word(repair['correct_before'])} -> "
+                 f"{_word(repair['correct_after'])}")
     edits = summary["edits"]
     if edits["n"]:
         line += (f"; edits: {edits['right']} of {edits['n']} judged right" if edits["judged"]

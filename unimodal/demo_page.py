@@ -96,6 +96,16 @@ def write_rounds(folder: Path, rounds: list[dict]) -> list[dict]:
     return written
 
 
+def write_repair(folder: Path, record: dict) -> dict:
+    """The repaired request: the drawn picture with the changed regions outlined, and the repaired picture."""
+    if not record:
+        return {}
+    drawn = save_png(flagged_picture(record["before"], record["regions"]), folder / "repair" / "drawn.png")
+    after = save_png(record["after"], folder / "repair" / "repaired.png")
+    return ({key: value for key, value in record.items() if key not in ("before", "after")}
+            | {"drawn": f"repair/{drawn}", "repaired": f"repair/{after}"})
+
+
 def write_edits(folder: Path, edits: list[dict]) -> list[dict]:
     """Per instructed edit: the input picture with the planned regions outlined, and the edited picture."""
     written = []
@@ -114,7 +124,8 @@ def write_edits(folder: Path, edits: list[dict]) -> list[dict]:
 # ---- summary ------------------------------------------------------------------------------------------------
 
 
-def build_summary(run, inputs: dict, outputs: dict, rounds: list[dict], edits: list[dict]) -> dict:
+def build_summary(run, inputs: dict, outputs: dict, rounds: list[dict], edits: list[dict],
+                  repair: dict | None = None) -> dict:
     """What the page shows, as JSON: files, texts, verdicts, counts, refine rounds, timings and the machine."""
     import torch
 
@@ -131,6 +142,7 @@ def build_summary(run, inputs: dict, outputs: dict, rounds: list[dict], edits: l
             "refine": {"rounds": len(rounds), "draft_right": rounds[0]["correct_before"] if rounds else None,
                        "final_right": rounds[-1]["correct_after"] if rounds else None,
                        "stopped": run.refine_stopped or None, "trace": _plain(rounds)},
+            "repair": _plain(repair or {}),
             "edits": {"n": len(edits), "judged": sum(e.get("correct") is not None for e in edits),
                       "right": sum(bool(e.get("correct")) for e in edits), "trace": _plain(edits)},
             "notes": run.notes, "seconds": run.timings.get("total_s"), "timings": run.timings,
@@ -214,6 +226,27 @@ def _refine_section(refine: dict, draft_path: str) -> str:
                '<th>critic score (mean log-prob)</th><th>scene judge</th></tr>' + "".join(rows) + "</table></section>"))
 
 
+def _repair_section(repair: dict) -> str:
+    if not repair:
+        return ""
+    steps = "".join(f'<li>“{html.escape(e["instruction"])}”: '
+                    + ("done from the object's own pixels" if e["kept"] else "not kept: " + html.escape(e["why"]))
+                    + "</li>" for e in repair["edits"]) or f'<li>nothing to change: {html.escape(repair["why"] or "")}</li>'
+    return ('<section id="repair"><h2>Repair by reading back (a held-out request)</h2>'
+            f'<p>Request: <span class="caption">{html.escape(repair["request"])}</span>, a colour and shape the '
+            'model never saw together in training; it tends to draw such a shape in the colour it saw it with. The '
+            'model reads its own picture back, compares the reading with the request, and changes each colour, '
+            'size or place that reads otherwise by an instructed edit from the object\'s own pixels '
+            '(<code>refine(repair=True)</code>).</p><div class="row">'
+            f'<div class="box"><h3>drawn</h3><img src="{html.escape(repair["drawn"])}" width="256" height="256" '
+            f'alt="drawn"><br>{_verdict({"correct": repair["correct_before"]})}</div>'
+            f'<div class="box"><h3>read back as</h3><p>“{html.escape(repair["read_back"] or "")}”</p>'
+            f'<ul>{steps}</ul></div>'
+            f'<div class="box"><h3>repaired</h3><img src="{html.escape(repair["repaired"])}" width="256" '
+            f'height="256" alt="repaired"><br>{_verdict({"correct": repair["correct_after"]})}<br>'
+            f'<small>{repair["forward_passes"]} model calls in all</small></div></div></section>')
+
+
 def _edits_section(edits: dict) -> str:
     rows = []
     for record in edits["trace"]:
@@ -256,6 +289,7 @@ def render_html(summary: dict) -> str:
             f'({machine["torch_threads"]} torch threads, {html.escape(str(machine["cpu_capability"]))}).</p>'
             + (f"<ul>{notes}</ul>" if notes else "") + sections
             + _refine_section(summary["refine"], summary["directions"]["text->image"]["outputs"]["image"])
+            + _repair_section(summary.get("repair") or {})
             + (_edits_section(summary["edits"]) if summary["edits"]["n"] else "")
             + '<p><a href="summary.json">summary.json</a>: every file, caption, verdict and timing.</p></body></html>\n')
 
@@ -266,7 +300,8 @@ def write_page(folder: Path, run) -> tuple[Path, dict]:
     outputs = {direction: write_outputs(folder, direction, result) for direction, result in run.results.items()}
     rounds = write_rounds(folder, run.rounds)
     edits = write_edits(folder, run.edits)
-    summary = build_summary(run, inputs, outputs, rounds, edits)
+    repair = write_repair(folder, run.repair)
+    summary = build_summary(run, inputs, outputs, rounds, edits, repair)
     atomic_write(folder / "summary.json", lambda t: t.write_text(json.dumps(summary, indent=2) + "\n"))
     page = atomic_write(folder / "index.html", lambda t: t.write_text(render_html(summary), encoding="utf-8"))
     return page.resolve(), summary
