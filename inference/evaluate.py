@@ -158,7 +158,8 @@ def eval_requests(direction: str, cases: Sequence[EvalCase], seed: int) -> list[
 
 
 # how to choose among draws, not how to draw
-REPAIRED_DIRECTION = "text->image"  # the one direction ``repair`` applies to: a picture drawn from a request in words
+# The directions ``repair`` applies to: a picture drawn from a request in words, or from speech (its transcript)
+REPAIRED_DIRECTIONS = ("text->image", "audio->image")
 CHOOSING_SETTINGS = ("candidates", "accept_confidence", "accept_agreement", "agreement")
 
 
@@ -459,8 +460,9 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
     has no input, is not), and judged as refined; ``every_draw`` (with a ``candidates`` setting > 1): judge every
     draw, not only the kept one, and report the best-of-k curve (:func:`best_of_curve`) as the direction's
     ``best_of``: what each k from 1 to the candidates would have reached, from this one run; ``repair``: each
-    picture drawn from words is read back and what the reading gets otherwise than the request changed by
-    instructed edits (``UniModal.refine(..., repair=True)``) before its ``refine_rounds`` rounds."""
+    picture drawn from words or speech (:data:`REPAIRED_DIRECTIONS`) is read back and what the reading gets
+    otherwise than the request changed by instructed edits (``UniModal.refine(..., repair=True)``) before its
+    ``refine_rounds`` rounds."""
     if isinstance(refine_rounds, bool) or not isinstance(refine_rounds, int) or refine_rounds < 0:
         raise InputError(f"refine_rounds must be an int >= 0, got {refine_rounds!r}")
     check_every_draw(every_draw, (settings or {}).get("candidates"), (settings or {}).get("accept_confidence"),
@@ -482,7 +484,7 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
         draws = [] if every_draw and candidates > 1 else None
         results, wall = generate_direction(pipe, direction, usable, {**settings, "candidates": candidates}, seed,
                                            batch_size, progress, draws)
-        repaired = repair and direction == REPAIRED_DIRECTION
+        repaired = repair and direction in REPAIRED_DIRECTIONS
         refined = (refine_rounds > 0 or repaired) and direction != "joint"
         if refined:
             results, refine_wall = refine_direction(pipe, direction, usable, results, refine_rounds, seed, progress,
@@ -603,9 +605,9 @@ def format_table(report: dict) -> str:
         lines.append(f"every output but joint refined against its input, {report['refine_rounds']} rounds with "
                      f"refine's defaults for it; passes and s/sample include the refine")
     if report.get("repair"):
-        lines.append(f"{REPAIRED_DIRECTION}: each picture read back by the model and each colour, size or place the "
-                     f"reading gets otherwise than the request changed by an instructed edit (repair=True); passes "
-                     f"and s/sample include the repair")
+        lines.append(f"{', '.join(REPAIRED_DIRECTIONS)}: each picture read back by the model and each colour, size "
+                     f"or place the reading gets otherwise than the request (the caption, or the model's transcript "
+                     f"of the speech) changed by an instructed edit (repair=True); passes and s/sample include it")
     for direction, fig in report["figures"].items():
         if fig.get("sampler"):
             lines.append(f"  {direction} sampled with {json.dumps(fig['sampler'])}")

@@ -124,9 +124,29 @@ def test_nothing_is_repaired_without_a_scene_on_both_sides(pipe, monkeypatch):
     assert trace["repair"]["why"] == "the request states no scene"
 
 
+def test_a_picture_drawn_from_speech_is_repaired_against_what_the_model_hears(pipe, monkeypatch):
+    real = pipe.generate
+
+    def hears(**kwargs):  # the model transcribes the clip as the request; reads the picture as drawn
+        result = real(**kwargs)
+        if kwargs.get("to") == "text":
+            result.text = "a small blue circle on the left" if "audio" in kwargs else DRAWN
+        return result
+
+    monkeypatch.setattr(pipe, "generate", hears)
+    clip = np.zeros(16000, np.float32)
+    picture = _picture(pipe)
+    fixed, trace = pipe.refine(picture, audio=clip, repair=True, rounds=0)
+    repair = trace["repair"]
+    assert repair["request"]["text"] == "a small blue circle on the left" and repair["request"]["from"] == "audio"
+    assert [e["instruction"] for e in repair["edits"]] == ["make the small red circle blue"]
+    assert repair["forward_passes"] >= repair["request"]["forward_passes"] + repair["check"]["forward_passes"]
+    assert fixed.token_ids["image"] != picture.token_ids["image"]
+
+
 def test_repair_needs_a_picture_and_its_request(pipe):
     picture = pipe.generate(text=DRAWN, to="image", steps=1)
-    with pytest.raises(InputError, match="give a picture and its request as text="):
+    with pytest.raises(InputError, match=r"give a picture and its request as text= \(or the speech"):
         pipe.refine(picture, repair=True, rounds=0)
     caption = pipe.generate(image=_picture(pipe).image, to="text", steps=1)
     with pytest.raises(InputError, match="give a picture and its request as text="):

@@ -185,6 +185,7 @@ def test_the_critic_names_mirror_the_critics():
      "only with instruction= on a clip"),
     ("edit", {"input": "PIC", "box": [0, 0, 8, 8], "attempts": 2}, InputError, "give it only with instruction="),
     ("refine", {"input": "PIC", "repair": True}, InputError, "only with a picture input and its prompt"),
+    ("refine", {"input": "PIC", "source": "PIC", "repair": True}, InputError, "is a picture, as is input"),
     ("refine", {"input": "CAPTION", "prompt": "a red circle", "repair": True}, InputError, "give that file as source"),
     ("refine", {"input": "PIC", "prompt": "a red circle", "repair": "yes"}, SettingError,
      "repair must be true or false"),

@@ -147,7 +147,7 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
               "regions": lambda v: check_regions(v, modality)}
     options.update({key: check(request[key]) for key, check in checks.items() if request.get(key) is not None})
     if request.get("repair") is not None:
-        options["repair"] = _repair(request, modality)
+        options["repair"] = _repair(request, modality, "audio" in options)
     if request.get("draft") is not None:
         options["draft"] = _draft(request, modality)
     if request.get("speech_margin") is not None:
@@ -164,11 +164,12 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
     return options
 
 
-def _repair(request: Mapping, modality: str) -> bool:
-    """``repair``: read a picture back and change what the reading gets otherwise than its prompt."""
-    if modality != "image" or request.get("prompt") is None:
+def _repair(request: Mapping, modality: str, from_speech: bool) -> bool:
+    """``repair``: read a picture back and change what the reading gets otherwise than its prompt (or than what
+    the model hears in the clip it was drawn from, ``source``)."""
+    if modality != "image" or (request.get("prompt") is None and not from_speech):
         raise InputError("repair reads a picture back and compares it with the request it was drawn from: give it "
-                         "only with a picture input and its prompt")
+                         "only with a picture input and its prompt (or the clip it was drawn from as source)")
     return _flag(request["repair"], "repair")
 
 

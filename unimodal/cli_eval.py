@@ -111,9 +111,10 @@ def add_eval_command(sub) -> None:
     ev.add_argument("--refine-rounds", type=int, default=0, help="then refine each output against its input for "
                     "up to this many rounds, with refine's defaults for that output (a caption read from a picture: "
                     "doubtful words redrawn and kept by agreement), and judge it as refined; joint is not refined")
-    ev.add_argument("--repair", action="store_true", help="text->image: read each picture back with the model and "
-                    "change each colour, size or place the reading gets otherwise than the prompt by an instructed "
-                    "edit from the object's own pixels, before any --refine-rounds (UniModal.refine(repair=True))")
+    ev.add_argument("--repair", action="store_true", help="text->image and audio->image: read each picture back "
+                    "with the model and change each colour, size or place the reading gets otherwise than the "
+                    "request (the caption, or the model's transcript of the speech) by an instructed edit from the "
+                    "object's own pixels, before any --refine-rounds (UniModal.refine(repair=True))")
     _add_sampling_flags(ev, temperature_default=None)
     ev.set_defaults(func=_cmd_eval)
 

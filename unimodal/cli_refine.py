@@ -363,9 +363,10 @@ def add_refine_commands(sub) -> None:
     refine.add_argument("--evaluator", default=None, choices=EVALUATORS, help="what keeps a "
                         "round: the critic's own score (default), or agreement: --prompt read back from the output "
                         "by the model became likelier (agreement-each: read word by word, a pass a word)")
-    refine.add_argument("--repair", action="store_true", help="a picture and its --prompt: first read the picture "
-                        "back with the model and change each colour, size or place the reading gets otherwise than "
-                        "the prompt by an instructed edit from the object's own pixels (the trace's repair)")
+    refine.add_argument("--repair", action="store_true", help="a picture and its --prompt (or the clip it was drawn "
+                        "from as --source): first read the picture back with the model and change each colour, size "
+                        "or place the reading gets otherwise than the request by an instructed edit from the "
+                        "object's own pixels (the trace's repair)")
     refine.add_argument("--patience", type=_positive("--patience"), default=None, help="rounds in a row not kept "
                         "before it stops; each retry re-plans and samples anew (1)")
     refine.set_defaults(func=_cmd_refine)

@@ -294,9 +294,9 @@ def refine_tool(runner: Runner):
         source: Source = None,
         model_caption: ModelCaption = None,
         repair: Annotated[bool | None, Field(
-            description="a picture and its prompt: first read the picture back with the model and change each "
-                        "colour, size or place the reading gets otherwise than the prompt by an instructed edit "
-                        "from the object's own pixels")] = None,
+            description="a picture and its prompt (or the clip it was drawn from as source): first read the "
+                        "picture back with the model and change each colour, size or place the reading gets "
+                        "otherwise than the request by an instructed edit from the object's own pixels")] = None,
         evaluator: Annotated[Literal["critic", "agreement", "agreement-each"] | None, Field(
             description="what keeps a round: the critic's own score (default), or agreement (the prompt read back "
                         "from the output by the model became likelier; needs prompt; agreement-each: read word "

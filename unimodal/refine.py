@@ -356,7 +356,7 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
     result = as_result(pipe, result)
     repaired = None
     if repair:
-        result, repaired = _repaired(pipe, result, text, seed)
+        result, repaired = _repaired(pipe, result, text, audio, seed)
     report = cross_modal_check(pipe, result, text, seed) if check else None
     if report is not None and report.get("regions") and regions is None:
         regions = report["regions"]
@@ -388,15 +388,25 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
     return refined, trace
 
 
-def _repaired(pipe, result: GenerationResult, text, seed: int) -> tuple[GenerationResult, dict]:
+def _repaired(pipe, result: GenerationResult, text, audio, seed: int) -> tuple[GenerationResult, dict]:
     """:func:`unimodal.repair.repair_by_reading` of a picture against its request, the result keeping the passes
-    it was made with (the repair's are counted in the trace)."""
+    it was made with (the repair's are counted in the trace). A picture drawn from speech (``audio=``, no
+    ``text=``) is compared with what the model hears in it: the transcript is the request (the trace's
+    ``request``)."""
     from unimodal.repair import repair_by_reading
 
+    heard = None
+    if result.image is not None and text is None and audio is not None:
+        with pipe._lock:
+            transcript = pipe.generate(audio=audio, to="text", seed=seed)
+        text, heard = transcript.text, {"text": transcript.text, "from": "audio",
+                                        "forward_passes": transcript.forward_passes}
     if result.image is None or not isinstance(text, str) or not text.strip():
         raise InputError("repair reads a picture back and compares it with the request it was drawn from: give a "
-                         "picture and its request as text=")
+                         "picture and its request as text= (or the speech it was drawn from as audio=)")
     fixed, trace = repair_by_reading(pipe, result, text, seed)
+    if heard is not None:
+        trace = {"request": heard, **trace, "forward_passes": trace["forward_passes"] + heard["forward_passes"]}
     return replace(fixed, forward_passes=result.forward_passes, settings=result.settings), trace
 
 
