@@ -151,3 +151,13 @@ def test_repair_needs_a_picture_and_its_request(pipe):
     caption = pipe.generate(image=_picture(pipe).image, to="text", steps=1)
     with pytest.raises(InputError, match="give a picture and its request as text="):
         pipe.refine(caption, text=DRAWN, repair=True, rounds=0)
+
+
+def test_bad_refine_settings_are_refused_before_the_repair_reads_anything(pipe, monkeypatch):
+    from unimodal.core.errors import SettingError
+
+    monkeypatch.setattr(pipe, "generate", lambda **k: pytest.fail("the picture was read"))
+    with pytest.raises((InputError, SettingError), match="rounds"):
+        pipe.refine(_picture(pipe), text=DRAWN, repair=True, rounds=-1)
+    with pytest.raises(SettingError, match="repair must be true or false"):
+        pipe.refine(_picture(pipe), text=DRAWN, repair="yes")

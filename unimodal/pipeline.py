@@ -731,8 +731,17 @@ class UniModal(DiffusionPipeline):
 
         return critique(self, result, **kwargs)
 
-    def refine(self, result, **kwargs):
-        """Re-mask flagged regions and regenerate them: (result, trace); see :func:`unimodal.refine.refine`."""
+    def refine(self, result, repair: bool = False, **kwargs):
+        """Re-mask flagged regions and regenerate them: (result, trace); see :func:`unimodal.refine.refine`.
+        ``repair=True`` (a picture): first read it back and change each colour, size or place the reading gets
+        otherwise than the request by an instructed edit from the object's own pixels (the trace's ``repair``);
+        see :func:`unimodal.repair.refine_with_repair`."""
+        if not isinstance(repair, bool):
+            raise SettingError(f"repair must be true or false, got {repair!r}")
+        if repair:
+            from unimodal.repair import refine_with_repair
+
+            return refine_with_repair(self, result, **kwargs)
         from unimodal.refine import refine
 
         return refine(self, result, **kwargs)

@@ -328,14 +328,12 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
            critic="confidence", fraction: float = 0.25, threshold: float | None = None, groups: int = 4,
            regen_steps: int | None = None, regions: Sequence[Mapping] | None = None, check: bool = False,
            cfg=None, seed: int = 0, evaluator: str | None = None, patience: int | None = None, on_round=None,
-           model_caption: bool | None = None, repair: bool = False, **settings) -> tuple[GenerationResult, dict]:
+           model_caption: bool | None = None, **settings) -> tuple[GenerationResult, dict]:
     """Re-mask flagged regions and regenerate them, round by round; the refined result and the trace.
 
     ``regions``: the caller's plan for the first round (native units); ``check``: plan the first round from
-    the cross-modal check when it disagrees; ``repair``: before any round, read a picture back and change each
-    colour, size or place the reading gets otherwise than the request (``text=``) by an instructed edit from the
-    object's own pixels (:func:`unimodal.repair.repair_by_reading`; the trace's ``repair``); ``evaluator``:
-    what keeps a round, ``"critic"`` (its mean log-score rose) or ``"agreement"`` (the request read back from the result by the same model became more
+    the cross-modal check when it disagrees; ``evaluator``: what keeps a round, ``"critic"`` (its mean
+    log-score rose) or ``"agreement"`` (the request read back from the result by the same model became more
     likely; needs ``text=`` / the input the result was made from; ``"agreement-each"``: read token by token, the
     rest of the request in view, a pass per token); ``patience``: rounds in a row not kept before
     the loop stops (each retry re-plans and samples anew); ``settings``: sampler settings of the regenerations (as
@@ -354,9 +352,6 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
                           regen_steps=regen_steps, seed=seed, evaluator="critic" if evaluator is None else evaluator,
                           patience=1 if patience is None else patience)  # refused before any work, as given
     result = as_result(pipe, result)
-    repaired = None
-    if repair:
-        result, repaired = _repaired(pipe, result, text, audio, seed)
     report = cross_modal_check(pipe, result, text, seed) if check else None
     if report is not None and report.get("regions") and regions is None:
         regions = report["regions"]
@@ -379,35 +374,10 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
     if report is not None:
         trace["check"] = report
         trace["forward_passes"] += report.get("forward_passes", 0)
-    if repaired is not None:
-        trace["repair"] = repaired
-        trace["forward_passes"] += repaired["forward_passes"]
     tokens = {m: ids.tolist() for m, ids in final.tokens(pipe.layout).items()}
     refined = _decoded(pipe, tokens, confidence, result.forward_passes + trace["forward_passes"],
                        {**result.settings, "refine": {k: trace[k] for k in ("critic", "forward_passes", "stopped")}})
     return refined, trace
-
-
-def _repaired(pipe, result: GenerationResult, text, audio, seed: int) -> tuple[GenerationResult, dict]:
-    """:func:`unimodal.repair.repair_by_reading` of a picture against its request, the result keeping the passes
-    it was made with (the repair's are counted in the trace). A picture drawn from speech (``audio=``, no
-    ``text=``) is compared with what the model hears in it: the transcript is the request (the trace's
-    ``request``)."""
-    from unimodal.repair import repair_by_reading
-
-    heard = None
-    if result.image is not None and text is None and audio is not None:
-        with pipe._lock:
-            transcript = pipe.generate(audio=audio, to="text", seed=seed)
-        text, heard = transcript.text, {"text": transcript.text, "from": "audio",
-                                        "forward_passes": transcript.forward_passes}
-    if result.image is None or not isinstance(text, str) or not text.strip():
-        raise InputError("repair reads a picture back and compares it with the request it was drawn from: give a "
-                         "picture and its request as text= (or the speech it was drawn from as audio=)")
-    fixed, trace = repair_by_reading(pipe, result, text, seed)
-    if heard is not None:
-        trace = {"request": heard, **trace, "forward_passes": trace["forward_passes"] + heard["forward_passes"]}
-    return replace(fixed, forward_passes=result.forward_passes, settings=result.settings), trace
 
 
 def _round_hook(pipe, on_round):

@@ -12,6 +12,9 @@ as right on the test scenes, and reads a held-out colour+shape pair's shape by t
 (docs/critique.md, "Repair by reading back").
 
     fixed, trace = pipe.refine(result, text="a small green circle on the left", repair=True, rounds=0)
+
+:func:`refine_with_repair` is ``UniModal.refine(..., repair=True)``: the repair, then refine's rounds on the repaired
+picture (this module imports :mod:`unimodal.refine`, never the other way round).
 """
 
 from __future__ import annotations
@@ -97,4 +100,37 @@ def repair_by_reading(pipe, result, request: str, seed: int = 0) -> tuple[object
     return result, trace
 
 
-__all__ = ["REPAIRED", "as_read", "matched", "repair_by_reading", "repairs"]
+def refine_with_repair(pipe, result, text=None, audio=None, seed: int = 0, **kwargs) -> tuple[object, dict]:
+    """``UniModal.refine(result, ..., repair=True)``: :func:`repair_by_reading` against the request (``text=``,
+    or what the model hears in ``audio=``, the speech the picture was drawn from: the trace's ``repair.request``),
+    then :func:`unimodal.refine.refine` with ``kwargs`` on the repaired picture; the trace gains ``repair`` and
+    its passes. The refine settings are checked before the repair reads anything."""
+    from dataclasses import replace
+
+    from unimodal.inference.refine import RefineConfig
+    from unimodal.refine import as_result, refine
+
+    fields = set(RefineConfig.__dataclass_fields__) - {"evaluator"}
+    RefineConfig(**{k: v for k, v in kwargs.items() if k in fields and v is not None}, seed=seed)  # refused here
+    result = as_result(pipe, result)
+    heard = None
+    if result.image is not None and text is None and audio is not None:
+        with pipe._lock:
+            transcript = pipe.generate(audio=audio, to="text", seed=seed)
+        text, heard = transcript.text, {"text": transcript.text, "from": "audio",
+                                        "forward_passes": transcript.forward_passes}
+    if result.image is None or not isinstance(text, str) or not text.strip():
+        raise InputError("repair reads a picture back and compares it with the request it was drawn from: give a "
+                         "picture and its request as text= (or the speech it was drawn from as audio=)")
+    fixed, repaired = repair_by_reading(pipe, result, text, seed)
+    if heard is not None:
+        repaired = {"request": heard, **repaired,
+                    "forward_passes": repaired["forward_passes"] + heard["forward_passes"]}
+    fixed = replace(fixed, forward_passes=result.forward_passes, settings=result.settings)
+    refined, trace = refine(pipe, fixed, text=text if heard is None else None, audio=audio, seed=seed, **kwargs)
+    trace["repair"] = repaired
+    trace["forward_passes"] += repaired["forward_passes"]
+    return replace(refined, forward_passes=refined.forward_passes + repaired["forward_passes"]), trace
+
+
+__all__ = ["REPAIRED", "as_read", "matched", "refine_with_repair", "repair_by_reading", "repairs"]
