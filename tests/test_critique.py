@@ -626,6 +626,13 @@ def test_critique_refine_and_edit_commands(tiny_model_dir, image_result, tmp_pat
                        "--out", tmp_path / "fixed.png", "--trace", tmp_path / "trace.json")
     assert code == 0 and (tmp_path / "fixed.png").is_file()
     assert json.loads((tmp_path / "trace.json").read_text())["critic"] == "confidence"
+    code, out, _ = run(capsys, "refine", *model, "--in", tmp_path / "gen.png", "--prompt", PROMPT, "--rounds", "1",
+                       "--repair", "--out", tmp_path / "repaired.png", "--trace", tmp_path / "repair.json")
+    repair = json.loads((tmp_path / "repair.json").read_text())["repair"]
+    assert code == 0 and (tmp_path / "repaired.png").is_file() and out.startswith("repair: read back as ")
+    assert repair["check"]["ran"] is True and "edits" in repair
+    code, _, err = run(capsys, "refine", *model, "--in", tmp_path / "gen.png", "--repair")
+    assert code == 2 and "--repair reads a picture back" in err
     code, out, _ = run(capsys, "edit", *model, "--in", tmp_path / "gen.png", "--box", "0,0,16,16", "--prompt",
                        "a blue square", "--out", tmp_path / "edited.png")
     assert code == 0 and (tmp_path / "edited.png").is_file()

@@ -104,6 +104,12 @@ def _cmd_refine(args) -> int:
                        evaluator=args.evaluator, patience=args.patience, repair=args.repair or None)
     pipe = load_pipeline(args.model, args.device)
     _, files, trace = run_refine(pipe, checked)
+    if "repair" in trace:
+        repair = trace["repair"]
+        kept = [e["instruction"] for e in repair["edits"] if e["kept"]]
+        print(f"repair: read back as {repair['check'].get('read_back')!r}; "
+              + (f"{len(kept)} edit(s) made: {'; '.join(kept)}" if kept else
+                 f"nothing changed ({repair.get('why') or 'no edit kept'})"))
     print(f"{trace['rounds_kept']} of {len(trace['rounds'])} round(s) kept, score {trace['score_initial']:.4f} -> "
           f"{trace['score_final']:.4f}, {trace['forward_passes']} forward passes, stopped: {trace['stopped']}")
     _printed_files(files)
