@@ -450,6 +450,14 @@ def check_every_draw(every_draw: bool, candidates: int | None, accept_confidence
                          "(--accept-agreement) stops at the first that reads back as asked: give one or the other")
 
 
+def check_repair(repair: bool, directions: Sequence[str]) -> None:
+    """``repair`` (``--repair``) repairs pictures drawn from words or speech: refused when no direction asked is
+    one of :data:`REPAIRED_DIRECTIONS` (it would be reported but change nothing)."""
+    if repair and not set(directions) & set(REPAIRED_DIRECTIONS):
+        raise InputError(f"--repair repairs the pictures of {' and '.join(REPAIRED_DIRECTIONS)}; none of the "
+                         f"directions asked ({', '.join(directions)}) draws one")
+
+
 def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECTIONS, settings: dict | None = None,
              seed: int = 0, judges: Judges | None = None, batch_size: int = 16, progress: bool = True,
              on_direction: Callable[[str, dict], None] | None = None, joint_n: int | None = None,
@@ -471,6 +479,7 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
     check_agreement((settings or {}).get("agreement"), (settings or {}).get("candidates") or 1)
     if not cases:
         raise InputError("unimodal eval needs at least one case")
+    check_repair(repair, directions)
     judges, settings = judges or Judges(), dict(settings or {})
     figures, samples = {}, {}
     for direction in directions:

@@ -457,6 +457,9 @@ def test_eval_repair_reads_back_and_repairs_only_pictures_drawn_from_words(capti
     assert report["repair"] is True and report["figures"]["text->image"]["repair"] is True
     assert "repair" not in report["figures"]["image->text"]
     assert "changed by an instructed edit (repair=True)" in capsys.readouterr().out
+    assert main(["eval", "--model", str(caption_model), "--data", "scenes", "--n", "2", "--directions", "image->text",
+                 "--repair", "--out", str(tmp_path / "none")]) == 2
+    assert "--repair repairs the pictures of text->image and audio->image" in capsys.readouterr().err
 
 
 def _same_but_time(a, b):

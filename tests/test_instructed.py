@@ -330,6 +330,14 @@ def test_a_redrawn_edit_makes_up_to_the_default_attempts(pipe, monkeypatch):
     assert "attempts" not in drafted["plan"]["draft"]  # the default is not reported unused
 
 
+def test_a_greedy_sampler_makes_one_attempt_and_says_so(pipe, monkeypatch):
+    _reading(pipe, monkeypatch, [PROMPT])
+    _, trace = pipe.edit(_scene(ONE)[0], instruction="turn the circle into a square", text=PROMPT, attempts=3,
+                         steps=4, temperature=0.0, choice_temperature=0.0)
+    assert trace["plan"]["attempts"] == "3 asked, one made: this sampler draws the same region every time (greedy)"
+    assert trace["passes"]["execute"] == 4
+
+
 @pytest.mark.parametrize("attempts", [0, 17, True, 2.0])
 def test_attempts_out_of_range_are_refused(pipe, attempts):
     with pytest.raises(SettingError, match="attempts must be an int from 1 to 16"):

@@ -159,5 +159,26 @@ def test_bad_refine_settings_are_refused_before_the_repair_reads_anything(pipe, 
     monkeypatch.setattr(pipe, "generate", lambda **k: pytest.fail("the picture was read"))
     with pytest.raises((InputError, SettingError), match="rounds"):
         pipe.refine(_picture(pipe), text=DRAWN, repair=True, rounds=-1)
+    with pytest.raises((InputError, SettingError), match="evaluator"):
+        pipe.refine(_picture(pipe), text=DRAWN, repair=True, evaluator="bogus")
     with pytest.raises(SettingError, match="repair must be true or false"):
         pipe.refine(_picture(pipe), text=DRAWN, repair="yes")
+
+
+def test_repair_alone_spends_no_critic_pass_and_speech_heard_as_nothing_changes_nothing(pipe, monkeypatch):
+    _reads(pipe, monkeypatch, DRAWN)
+    picture = _picture(pipe)
+    fixed, trace = pipe.refine(picture, text=DRAWN, repair=True, rounds=0)
+    assert trace["rounds"] == [] and trace["score_initial"] is None
+    assert trace["forward_passes"] == trace["repair"]["forward_passes"] == trace["repair"]["check"]["forward_passes"]
+    real = pipe.generate
+
+    def silent(**kwargs):
+        result = real(**kwargs)
+        result.text = ""
+        return result
+
+    monkeypatch.setattr(pipe, "generate", silent)
+    fixed, trace = pipe.refine(picture, audio=np.zeros(16000, np.float32), repair=True, rounds=0)
+    assert trace["repair"]["why"] == "the speech was heard as no words" and trace["repair"]["request"]["text"] == ""
+    assert fixed.token_ids["image"] == picture.token_ids["image"]

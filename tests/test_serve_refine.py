@@ -189,6 +189,7 @@ def test_the_critic_names_mirror_the_critics():
     ("refine", {"input": "CAPTION", "prompt": "a red circle", "repair": True}, InputError, "give that file as source"),
     ("refine", {"input": "PIC", "prompt": "a red circle", "repair": "yes"}, SettingError,
      "repair must be true or false"),
+    ("refine", {"input": "PIC", "prompt": "a red circle", "rounds": 0}, SettingError, "rounds"),
     ("edit", {"input": "PIC", "instruction": "make it blue", "attempts": 0}, SettingError,
      "attempts must be an int from 1 to 16"),
     ("refine", {"input": "CAPTION", "prompt": "a red circle"}, InputError, "give that file as source"),

@@ -139,7 +139,7 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
     checks = {"seed": _SETTING_CHECKS["seed"], "critic": _critic, "check": _flag,
               "fraction": lambda v: _real_setting("fraction", v, "in (0, 1]", lambda x: 0 < x <= 1),
               "threshold": lambda v: _real_setting("threshold", v, "in (0, 1]", lambda x: 0 < x <= 1),
-              "rounds": lambda v: _int_setting("rounds", v, 1),
+              "rounds": lambda v: _int_setting("rounds", v, 0 if request.get("repair") is True else 1),
               "budget": lambda v: _int_setting("budget", v, 1),
               "candidates": check_candidates,
               "patience": lambda v: _int_setting("patience", v, 1),
@@ -167,10 +167,11 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
 def _repair(request: Mapping, modality: str, from_speech: bool) -> bool:
     """``repair``: read a picture back and change what the reading gets otherwise than its prompt (or than what
     the model hears in the clip it was drawn from, ``source``)."""
-    if modality != "image" or (request.get("prompt") is None and not from_speech):
+    repair = _flag(request["repair"], "repair")
+    if repair and (modality != "image" or (request.get("prompt") is None and not from_speech)):
         raise InputError("repair reads a picture back and compares it with the request it was drawn from: give it "
                          "only with a picture input and its prompt (or the clip it was drawn from as source)")
-    return _flag(request["repair"], "repair")
+    return repair
 
 
 def _draft(request: Mapping, modality: str) -> bool:

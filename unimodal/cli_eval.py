@@ -25,8 +25,8 @@ def _directions(text: str, known) -> list[str]:
 
 
 def _cmd_eval(args) -> int:
-    from unimodal.inference.evaluate import (DIRECTIONS, check_every_draw, evaluate, format_table, model_hash,
-                                             save_report)
+    from unimodal.inference.evaluate import (DIRECTIONS, check_every_draw, check_repair, evaluate, format_table,
+                                             model_hash, save_report)
     from unimodal.eval_cases import load_cases
     from unimodal.serve import load_pipeline, resolve_model_dir
 
@@ -36,6 +36,7 @@ def _cmd_eval(args) -> int:
         raise InputError(f"--refine-rounds must be a whole number >= 0, got {args.refine_rounds}")
     check_every_draw(args.every_draw, args.candidates, args.accept_confidence,  # before the model loads
                      args.accept_agreement)
+    check_repair(args.repair, directions)
     model_dir = resolve_model_dir(args.model)
     pipe = load_pipeline(model_dir, args.device)
     needs_speech = any("audio" in d or d == "joint" for d in directions)

@@ -110,8 +110,10 @@ def _cmd_refine(args) -> int:
         print(f"repair: read back as {repair['check'].get('read_back')!r}; "
               + (f"{len(kept)} edit(s) made: {'; '.join(kept)}" if kept else
                  f"nothing changed ({repair.get('why') or 'no edit kept'})"))
-    print(f"{trace['rounds_kept']} of {len(trace['rounds'])} round(s) kept, score {trace['score_initial']:.4f} -> "
-          f"{trace['score_final']:.4f}, {trace['forward_passes']} forward passes, stopped: {trace['stopped']}")
+    score = "" if trace["score_initial"] is None else \
+        f", score {trace['score_initial']:.4f} -> {trace['score_final']:.4f}"
+    print(f"{trace['rounds_kept']} of {len(trace['rounds'])} round(s) kept{score}, {trace['forward_passes']} forward "
+          f"passes, stopped: {trace['stopped']}")
     _printed_files(files)
     return 0
 
@@ -363,7 +365,8 @@ def add_refine_commands(sub) -> None:
     refine = sub.add_parser("refine", help="re-mask flawed regions and regenerate them, round by round")
     _add_common(refine, "the refined output (.png, .wav or .txt)")
     _add_plan_flags(refine)
-    refine.add_argument("--rounds", type=int, default=3)
+    refine.add_argument("--rounds", type=int, default=3, help="most rounds of critique -> re-mask -> regenerate (3; "
+                        "0 only with --repair: the repair alone)")
     refine.add_argument("--budget", type=int, default=None, help="most forward passes in all")
     refine.add_argument("--trace", default=None, help="write the JSON trace of every round here")
     refine.add_argument("--evaluator", default=None, choices=EVALUATORS, help="what keeps a "

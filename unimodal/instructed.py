@@ -94,6 +94,9 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     if drafted is None and touch_up and kind == "image":
         plan["touch_up"] = {"applied": False, "why": "no pixel draft to review"}
     if drafted is None and kind != "text":
+        if attempts > 1 and not pipe._sampler_config(settings, pipe.scheduler.target_kind([kind])).random:
+            plan["attempts"] = f"{attempts} asked, one made: this sampler draws the same region every time (greedy)"
+            attempts = 1
         edited, check, execute_passes, check_passes = _attempt(pipe, result, plan, kind, seed, settings,
                                                                candidates, attempts)
     else:

@@ -285,7 +285,8 @@ def refine_tool(runner: Runner):
     def refine(
         input: Input,  # noqa: A002
         prompt: Prompt = None,
-        rounds: Annotated[int, Field(ge=1, description="most rounds of critique -> re-mask -> regenerate")] = 3,
+        rounds: Annotated[int, Field(ge=0, description="most rounds of critique -> re-mask -> regenerate (0: only "
+                                                       "with repair, the repair alone)")] = 3,
         budget: Annotated[int | None, Field(ge=1, description="most forward passes in all")] = None,
         critic: Critic = "confidence",
         fraction: Fraction = None,

@@ -101,37 +101,52 @@ def repair_by_reading(pipe, result, request: str, seed: int = 0) -> tuple[object
     return result, trace
 
 
-def refine_with_repair(pipe, result, text=None, audio=None, seed: int = 0, **kwargs) -> tuple[object, dict]:
+def refine_with_repair(pipe, result, text=None, audio=None, seed: int = 0, rounds: int = 3,
+                       **kwargs) -> tuple[object, dict]:
     """``UniModal.refine(result, ..., repair=True)``: :func:`repair_by_reading` against the request (``text=``,
     or what the model hears in ``audio=``, the speech the picture was drawn from: the trace's ``repair.request``),
-    then :func:`unimodal.refine.refine` with ``kwargs`` on the repaired picture; the trace gains ``repair`` and
-    its passes. The refine settings are checked before the repair reads anything."""
+    then :func:`unimodal.refine.refine` with ``rounds`` and ``kwargs`` on the repaired picture (``rounds=0``: the
+    repair alone, no critic pass); the trace gains ``repair`` and its passes, and a ``budget`` counts them. The
+    refine settings are checked before the repair reads anything."""
     from dataclasses import replace
 
     from unimodal.inference.refine import RefineConfig
-    from unimodal.refine import as_result, refine
+    from unimodal.refine import _check_model_caption, as_result, refine, require_trained_critic
 
-    fields = set(RefineConfig.__dataclass_fields__) - {"evaluator"}
-    RefineConfig(**{k: v for k, v in kwargs.items() if k in fields and v is not None}, seed=seed)  # refused here
+    fields = set(RefineConfig.__dataclass_fields__)
+    RefineConfig(**{k: v for k, v in kwargs.items() if k in fields and v is not None}, rounds=rounds, seed=seed)
+    require_trained_critic(pipe, kwargs.get("critic", "confidence"))  # each refused here, before any pass
+    _check_model_caption(kwargs.get("model_caption"))
     result = as_result(pipe, result)
-    heard = None
-    if result.image is not None and text is None and audio is not None:
-        with pipe._lock:
-            transcript = pipe.generate(audio=audio, to="text", seed=seed)
-        text, heard = transcript.text, {"text": transcript.text, "from": "audio",
-                                        "forward_passes": transcript.forward_passes}
-    if result.image is None or not isinstance(text, str) or not text.strip():
+    if result.image is None or (text is None and audio is None) or (text is not None and (
+            not isinstance(text, str) or not text.strip())):
         raise InputError("repair reads a picture back and compares it with the request it was drawn from: give a "
                          "picture and its request as text= (or the speech it was drawn from as audio=)")
-    fixed, repaired = repair_by_reading(pipe, result, text, seed)
+    heard = None
+    if text is None:
+        with pipe._lock:
+            transcript = pipe.generate(audio=audio, to="text", seed=seed)
+        heard = {"text": transcript.text, "from": "audio", "forward_passes": transcript.forward_passes}
+    if heard is not None and not (heard["text"] or "").strip():  # nothing heard: nothing to compare with
+        fixed, repaired = result, {"edits": [], "why": "the speech was heard as no words", "forward_passes": 0}
+    else:
+        fixed, repaired = repair_by_reading(pipe, result, text if heard is None else heard["text"], seed)
     if heard is not None:
         repaired = {"request": heard, **repaired,
                     "forward_passes": repaired["forward_passes"] + heard["forward_passes"]}
+    spent = repaired["forward_passes"]
     fixed = replace(fixed, forward_passes=result.forward_passes, settings=result.settings)
-    refined, trace = refine(pipe, fixed, text=text if heard is None else None, audio=audio, seed=seed, **kwargs)
+    if rounds == 0 and not kwargs.get("check"):  # the repair alone: no critic pass
+        trace = {"critic": None, "evaluator": None, "rounds": [], "rounds_kept": 0, "score_initial": None,
+                 "score_final": None, "forward_passes": 0, "stopped": "rounds"}
+        refined = fixed
+    else:
+        if kwargs.get("budget") is not None:
+            kwargs["budget"] = max(kwargs["budget"] - spent, 1)
+        refined, trace = refine(pipe, fixed, text=text, audio=audio, seed=seed, rounds=rounds, **kwargs)
     trace["repair"] = repaired
-    trace["forward_passes"] += repaired["forward_passes"]
-    return replace(refined, forward_passes=refined.forward_passes + repaired["forward_passes"]), trace
+    trace["forward_passes"] += spent
+    return replace(refined, forward_passes=refined.forward_passes + spent), trace
 
 
 __all__ = ["REPAIRED", "as_read", "matched", "refine_with_repair", "repair_by_reading", "repairs"]
