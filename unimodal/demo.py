@@ -196,7 +196,7 @@ def refine_rounds(pipe, draft, case, seed: int, judge_pictures: bool, log) -> tu
     return rounds, trace["stopped"]
 
 
-def repair_by_reading(pipe, seed: int, judge_pictures: bool, log) -> dict:
+def held_out_repair(pipe, seed: int, judge_pictures: bool, log) -> dict:
     """A held-out request drawn and repaired by reading it back (``refine(repair=True)``): the request, the
     drawn and the repaired pictures, the model's reading, each instruction it led to (kept or why not), the
     regions changed, the model calls, and the scene judge's verdicts before and after."""
@@ -277,7 +277,7 @@ def run_demo(out: str | os.PathLike = DEFAULT_OUT, model=None, device: str | Non
     judge_pictures, judge_speech = scene_judge_status() is None, speech_judge_status(judge_speech) is None
     run.rounds, run.refine_stopped = refine_rounds(pipe, run.results["text->image"], run.case, seed, judge_pictures,
                                                    log)
-    run.repair = repair_by_reading(pipe, seed, judge_pictures, log)
+    run.repair = held_out_repair(pipe, seed, judge_pictures, log)
     run.edits = instructed_edits(pipe, run.case, seed, judge_pictures, log)
     log("judging the outputs" + (" (Whisper transcribes the speech)" if judge_speech else ""))
     run.verdicts = judge_directions(run.case, run.results, judge_speech, judge_pictures)

@@ -231,7 +231,8 @@ def _repair_section(repair: dict) -> str:
         return ""
     steps = "".join(f'<li>“{html.escape(e["instruction"])}”: '
                     + ("done from the object's own pixels" if e["kept"] else "not kept: " + html.escape(e["why"]))
-                    + "</li>" for e in repair["edits"]) or f'<li>nothing to change: {html.escape(repair["why"] or "")}</li>'
+                    + "</li>" for e in repair["edits"])
+    steps = steps or f'<li>nothing to change: {html.escape(repair["why"] or "")}</li>'
     return ('<section id="repair"><h2>Repair by reading back (a held-out request)</h2>'
             f'<p>Request: <span class="caption">{html.escape(repair["request"])}</span>, a colour and shape the '
             'model never saw together in training; it tends to draw such a shape in the colour it saw it with. The '

@@ -6,9 +6,8 @@ model and both captions are parsed by the caption grammar. The objects of the re
 (a pair may be read in the other order) and placed by the request's relation, and each colour, size or place of a
 matched object that differs becomes an instruction ("make the small yellow circle green") executed on the picture as
 it stands, with the reading as what it shows. Those three changes keep the object's silhouette, so they start from
-its own pixels (the pixel draft, no model call);
-an edit whose object is not found by the pixels of the colour it was read as is not kept: the reading, not the
-picture, was wrong there. A shape and a pair's relation are left as drawn: the model reads the shapes it draws wrong
+its own pixels (the pixel draft, no model call); an edit whose object is not found by the pixels of the colour it was
+read as is not kept: the reading, not the picture, was wrong there. A shape and a pair's relation are left as drawn: the model reads the shapes it draws wrong
 as right on the test scenes, and reads a held-out colour+shape pair's shape by the colour it saw it with
 (docs/critique.md, "Repair by reading back").
 
