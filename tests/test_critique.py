@@ -706,6 +706,29 @@ def test_bench_refine_command(tiny_codec_dir, tmp_path, capsys):
     assert code == 2 and "no curves" in err
 
 
+def test_bench_refine_repair_series(tiny_codec_dir, tmp_path, capsys):
+    """--repair: each picture repaired by reading it back, then refined with the first critic; its row 0 is the
+    repair alone, costed with the reading; an empty --critics gives the repair alone next to best-of-N."""
+    pytest.importorskip("cv2")
+    model = write_tiny_model(tiny_codec_dir, tmp_path / "model", max_text_len=32)
+    code, out, err = run(capsys, "bench", "refine", "--model", model, "--n", "2", "--rounds", "1", "--best-of", "1",
+                         "--critics", "confidence", "--repair", "--out", tmp_path / "bench")
+    assert code == 0, err
+    report = json.loads((tmp_path / "bench" / "bench_refine.json").read_text())
+    repaired, draw = report["repair"], report["base"]
+    assert repaired["critic"] == "confidence" and [r["round"] for r in repaired["rounds"]] == [0, 1]
+    assert repaired["rounds"][0]["forward_passes"] > draw["forward_passes"]  # the reading is counted
+    assert repaired["rounds"][1]["forward_passes"] > repaired["rounds"][0]["forward_passes"]
+    assert repaired["draw_accuracy"] == draw["accuracy"] == report["refine"]["confidence"]["rounds"][0]["accuracy"]
+    assert "repair " in out and "repair, confidence r1" in out and "edits kept over 2 pictures" in out
+    code, out, err = run(capsys, "bench", "refine", "--model", model, "--n", "2", "--best-of", "1", "--critics", "",
+                         "--repair", "--out", tmp_path / "alone")
+    assert code == 0, err
+    report = json.loads((tmp_path / "alone" / "bench_refine.json").read_text())
+    assert report["refine"] == {} and len(report["repair"]["rounds"]) == 1 and "no refine" in out
+    assert (tmp_path / "alone" / "bench_refine.png").is_file()
+
+
 def test_bench_refine_reads_pictures_too(tiny_codec_dir, tmp_path, capsys, monkeypatch):
     """--direction image->text: captions of the test pictures, judged by the caption grammar, refined with the
     picture as their input, and best-of-N draws after the first sampled (greedy captions are all the same)."""
@@ -778,6 +801,8 @@ def test_bench_refine_direction_judges_captions_by_the_grammar():
     (["--groups", "0"], "--groups must be a positive whole number"),
     (["--voices", "clear", "--mistakes", "0.5"], "only the speech benches hear them"),  # picture codes
     (["--voices", "loud", "--mistakes", "0.5", "--modality", "audio"], "--voices must be one of"),
+    (["--repair", "--direction", "image->text"], "--repair repairs pictures drawn from captions"),
+    (["--repair", "--corrupt", "0.25"], "--repair repairs pictures drawn from captions"),
 ])
 def test_bench_refine_refuses_bad_numbers_before_the_model_loads(tmp_path, capsys, flags, message):
     """No model exists at --model: each refusal comes before the model (or any case) is loaded."""

@@ -130,6 +130,19 @@ def test_a_pair_of_one_colour_is_told_apart_by_its_relation_and_a_move_adds_the_
     assert here[2] <= 32 and there[0] > 32  # the old place on the left, the new one on the right
 
 
+def test_a_caller_that_knows_the_object_names_one_of_two_alike_by_its_index():
+    alike = {"objects": [{"shape": "circle", "color": "red", "size": "small"},
+                         {"shape": "circle", "color": "red", "size": "small"}], "relation": "left of"}
+    with pytest.raises(InputError, match="fits both"):
+        apply_instruction(alike, parse_instruction("make the small red circle blue"))
+    target, index = apply_instruction(alike, parse_instruction("make the small red circle blue"), index=1)
+    assert index == 1 and [o["color"] for o in target["objects"]] == ["red", "blue"]
+    with pytest.raises(InputError, match="object 0 of"):  # the words must still fit the object meant
+        apply_instruction(alike, parse_instruction("make the square blue"), index=0)
+    with pytest.raises(InputError, match="object 2 of a picture of 2"):
+        apply_instruction(alike, parse_instruction("make the circle blue"), index=2)
+
+
 def test_no_pixels_of_the_colour_falls_back_to_the_grammars_anchor():
     from unimodal.instructed import picture_boxes
 

@@ -98,6 +98,56 @@ def test_a_colour_read_otherwise_is_changed_from_the_objects_own_pixels(pipe, mo
     assert json.loads(json.dumps(trace)) == trace
 
 
+def test_a_pair_read_alike_is_repaired_object_by_object_in_the_half_its_relation_gives_it(pipe, monkeypatch):
+    from dataclasses import replace
+
+    from PIL import Image
+
+    from unimodal.refine import as_result
+    from unimodal.training.data.scenes import render_scene
+
+    alike = "a small red circle to the left of a small red circle"
+    rgb = render_scene(parse_scene_caption(alike), np.random.default_rng(0))[0]
+    picture = replace(as_result(pipe, rgb), image=Image.fromarray(rgb))
+    _reads(pipe, monkeypatch, alike)  # the instruction's words fit both circles
+    fixed, trace = pipe.refine(picture, text="a small red circle to the left of a small blue circle", repair=True,
+                               rounds=0)
+    (edit,) = trace["repair"]["edits"]
+    assert edit["instruction"] == "make the small red circle blue" and edit["object"] == 1 and edit["kept"] is True
+    changed = [k for k, (a, b) in enumerate(zip(picture.token_ids["image"], fixed.token_ids["image"])) if a != b]
+    columns = pipe.layout.image_grid[1]
+    assert changed and all(k % columns >= columns // 2 - 1 for k in changed)  # the right circle's cells only
+
+
+def test_a_colour_read_as_asked_that_the_pixels_show_otherwise_is_repaired_by_the_pixels(pipe, monkeypatch):
+    from dataclasses import replace
+
+    from PIL import Image
+
+    from unimodal.instructed import colour_mask
+    from unimodal.refine import as_result
+    from unimodal.repair import repair_by_reading
+    from unimodal.training.data.scenes import render_scene
+
+    asked = "a large yellow circle on the left"
+    rgb = render_scene(parse_scene_caption(asked), np.random.default_rng(0))[0].copy()
+    yellow = colour_mask(rgb, "yellow")
+    rows = np.flatnonzero(yellow.any(1))
+    yellow[:rows[0] + (rows[-1] - rows[0]) // 3] = False
+    rgb[yellow] = (245, 140, 20)  # two thirds of the circle orange: drawn between the two words
+    picture = replace(as_result(pipe, rgb), image=Image.fromarray(rgb))
+    _reads(pipe, monkeypatch, asked)  # the model reads it as asked
+    fixed, trace = repair_by_reading(pipe, picture, asked)
+    (seen,) = trace["colours"]
+    assert (seen["object"], seen["read"], seen["pixels"]) == (0, "yellow", "orange")
+    assert seen["counts"]["orange"] > seen["counts"]["yellow"] > 0
+    (edit,) = trace["edits"]
+    assert edit["instruction"] == "make the large orange circle yellow" and edit["kept"] is True
+    assert fixed.token_ids["image"] != picture.token_ids["image"]
+    same, trace = repair_by_reading(pipe, picture, asked, colours=False)  # the reading alone: nothing to change
+    assert trace["why"] == "the reading agrees with the request" and same is picture
+
+
 def test_a_colour_the_picture_does_not_show_is_not_trusted(pipe, monkeypatch):
     _reads(pipe, monkeypatch, "a small green circle on the left")  # there is no green in the picture
     picture = _picture(pipe)

@@ -79,36 +79,58 @@ def _base(pipe, cases, seed: int, batch_size: int, direction: _Direction | None 
 
 
 def _refined(pipe, cases, base, judges, critic, rounds: int, seed: int, groups: int, options: dict,
-             direction: _Direction) -> dict:
-    """Per round: accuracy, mean cumulative passes, fix and break rates; and the stop reasons."""
-    n = len(cases)
-    verdicts = np.zeros((n, rounds + 1), dtype=bool)  # [case, after round r]; a case that stopped keeps its last
-    passes = np.zeros((n, rounds + 1))
+             direction: _Direction, repair: bool = False) -> dict:
+    """Per round: accuracy, mean cumulative passes, fix and break rates; and the stop reasons. ``repair``: each
+    output first repaired by reading it back (``UniModal.refine(..., repair=True, rounds=0)``), then refined
+    ``rounds`` rounds with ``critic`` (none: the repair alone); row 0 is then the repaired output (its fix and
+    break rates against the draw), and ``repair`` counts the edits kept."""
+    n, first = len(cases), 1 if repair else 0
+    rounds = rounds if critic is not None else 0
+    verdicts = np.zeros((n, first + rounds + 1), dtype=bool)  # [case, draw / repaired / after round r]
+    passes = np.zeros((n, first + rounds + 1))
     stops: dict[str, int] = {}
+    edits = 0
     ran = None  # what the loop resolved (evaluator, patience, thresholds, temperature), the same for every case
     verdicts[:, 0] = direction.verdicts(cases, [direction.output(r) for r in base], judges)
     for i, (case, result) in enumerate(zip(cases, base)):
-        seen = {}
-        _, trace = pipe.refine(result, **direction.inputs(case), rounds=rounds, critic=critic, groups=groups,
-                               seed=seed + i, **options,
-                               on_round=lambda r, res: seen.__setitem__(r, direction.output(res)))
-        ran = ran or {"evaluator": trace["evaluator"], "patience": trace["config"]["patience"],
-                      "thresholds": trace["thresholds"], "regen_temperature": trace.get("regen_temperature")}
-        spent = np.cumsum([trace["scoring_passes_initial"]] + [x["forward_passes"] for x in trace["rounds"]])
+        spent = [0.0]
+        if repair:
+            result, trace = pipe.refine(result, **direction.inputs(case), repair=True, rounds=0, seed=seed + i)
+            edits += sum(e["kept"] for e in trace["repair"]["edits"])
+            spent = [float(trace["forward_passes"])] * 2
+            verdicts[i, 1] = direction.verdicts([case], [direction.output(result)], judges)[0]
+        if rounds and critic is not None:
+            seen = {}
+            _, trace = pipe.refine(result, **direction.inputs(case), rounds=rounds, critic=critic, groups=groups,
+                                   seed=seed + i, **options,
+                                   on_round=lambda r, res: seen.__setitem__(r, direction.output(res)))
+            ran = ran or {"evaluator": trace["evaluator"], "patience": trace["config"]["patience"],
+                          "thresholds": trace["thresholds"], "regen_temperature": trace.get("regen_temperature")}
+            spent += list(spent[-1] + np.cumsum([trace["scoring_passes_initial"]] +
+                                                [x["forward_passes"] for x in trace["rounds"]]))[1:]
+            stops[trace["stopped"]] = stops.get(trace["stopped"], 0) + 1
         for r in range(1, rounds + 1):
-            verdicts[i, r] = (direction.verdicts([case], [seen[r]], judges)[0] if r in seen
-                              else verdicts[i, r - 1])
-            passes[i, r] = spent[min(r, len(spent) - 1)]
-        stops[trace["stopped"]] = stops.get(trace["stopped"], 0) + 1
+            column = first + r
+            verdicts[i, column] = (direction.verdicts([case], [seen[r]], judges)[0] if critic is not None and r in seen
+                                   else verdicts[i, column - 1])
+            passes[i, column] = spent[min(column, len(spent) - 1)]
+        if repair:
+            passes[i, 1] = spent[1]
     base_passes = np.mean([r.forward_passes for r in base])
     rows = []
-    for r in range(rounds + 1):
-        before, after = verdicts[:, max(r - 1, 0)], verdicts[:, r]
-        rows.append({"round": r, "accuracy": float(after.mean()), "forward_passes": float(base_passes + passes[:, r].mean()),
-                     "fix_rate": _rate(~before & after, ~before) if r else None,
-                     "break_rate": _rate(before & ~after, before) if r else None})
-    return {"rounds": rows, "stopped": stops, "ran": ran,
+    for column in range(first, first + rounds + 1):
+        before, after = verdicts[:, max(column - 1, 0)], verdicts[:, column]
+        r = column - first
+        rows.append({"round": r, "accuracy": float(after.mean()),
+                     "forward_passes": float(base_passes + passes[:, column].mean()),
+                     "fix_rate": _rate(~before & after, ~before) if column else None,
+                     "break_rate": _rate(before & ~after, before) if column else None})
+    part = {"rounds": rows, "stopped": stops, "ran": ran,
             "final_minus_base": paired_difference(verdicts_of(verdicts[:, -1]), verdicts_of(verdicts[:, 0]))}
+    if repair:
+        part.update(critic=critic, edits_kept=edits, draw_accuracy=float(verdicts[:, 0].mean()),
+                    repair_minus_base=paired_difference(verdicts_of(verdicts[:, 1]), verdicts_of(verdicts[:, 0])))
+    return part
 
 
 def _rate(hits: np.ndarray, among: np.ndarray) -> float | None:
@@ -169,13 +191,18 @@ def _confidence(pipe, case, result, groups: int, direction: _Direction | None = 
 def bench_refine(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confidence", "random"), rounds: int = 3,
                  best_of: int = 4, seed: int = 0, groups: int = 4, batch_size: int = 16, judges: Judges | None = None,
                  progress=print, options: dict | None = None, direction: str = "text->image",
-                 best_of_temperature: float | None = None) -> dict:
+                 best_of_temperature: float | None = None, repair: bool = False) -> dict:
     """The report: base accuracy, refine per critic per round, best-of-N; every figure with its passes.
     ``options``: more keywords of ``pipe.refine`` (e.g. ``temperature`` of the regenerations); ``direction``:
     text->image or image->text; ``best_of_temperature``: the sampling temperature of the best-of-N draws after
-    the first (default: 1.0 for captions, the model's own for pictures)."""
+    the first (default: 1.0 for captions, the model's own for pictures); ``repair`` (text->image): one more
+    series, each picture repaired by reading it back, then refined with the first of ``critics`` (the report's
+    ``repair``)."""
     if not cases:
         raise InputError("bench refine needs at least one case")
+    if repair and direction != "text->image":
+        raise InputError(f"repair reads a picture back against its request: bench refine --repair is for "
+                         f"text->image, not {direction}")
     way = _Direction(direction)
     if best_of_temperature is None and way.target == "text":
         best_of_temperature = TEXT_BEST_OF_TEMPERATURE
@@ -184,11 +211,17 @@ def bench_refine(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confiden
     report = {"n": len(cases), "direction": way.name, "seed": seed, "rounds": rounds, "groups": groups,
               "options": dict(options or {}), "best_of_temperature": best_of_temperature,
               "sampler": {k: base[0].settings.get(k) for k in ("mode", "steps", "cfg", "temperature",
-                                                               "choice_temperature")}, "refine": {}}
+                                                               "choice_temperature")}, "refine": {},
+              "base": {"accuracy": float(np.mean(way.verdicts(cases, [way.output(r) for r in base], judges))),
+                       "forward_passes": float(np.mean([r.forward_passes for r in base]))}}
     for critic in critics:
         report["refine"][critic] = _refined(pipe, cases, base, judges, critic, rounds, seed, groups,
                                             dict(options or {}), way)
         progress(f"done: refine {critic}")
+    if repair:
+        report["repair"] = _refined(pipe, cases, base, judges, critics[0] if critics else None, rounds, seed,
+                                    groups, dict(options or {}), way, repair=True)
+        progress("done: repair")
     report["best_of"] = _best_of(pipe, cases, base, judges, best_of, seed, groups, batch_size, way,
                                  best_of_temperature)
     return report
@@ -550,6 +583,9 @@ def _cell(value) -> str:
 def format_table(report: dict) -> str:
     lines = [f"{'method':<28} {'passes':>7} {'accuracy':>9} {'fix':>6} {'break':>6}"]
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731 - table cells
+    if not report["refine"] and report.get("base"):
+        lines.append(f"{'no refine':<28} {report['base']['forward_passes']:>7.1f} {report['base']['accuracy']:>9.3f} "
+                     f"{'-':>6} {'-':>6}")
     for critic, part in report["refine"].items():
         for row in part["rounds"]:
             name = "no refine" if row["round"] == 0 else f"refine {critic} r{row['round']}"
@@ -557,6 +593,11 @@ def format_table(report: dict) -> str:
                 continue
             lines.append(f"{name:<28} {row['forward_passes']:>7.1f} {row['accuracy']:>9.3f} "
                          f"{fmt(row['fix_rate']):>6} {fmt(row['break_rate']):>6}")
+    repaired = report.get("repair")
+    for row in (repaired or {}).get("rounds", []):
+        name = "repair" if row["round"] == 0 else f"repair, {repaired['critic']} r{row['round']}"
+        lines.append(f"{name:<28} {row['forward_passes']:>7.1f} {row['accuracy']:>9.3f} "
+                     f"{fmt(row['fix_rate']):>6} {fmt(row['break_rate']):>6}")
     for row in report["best_of"]:
         lines.append(f"{'best-of-' + str(row['n']) + ' (' + row.get('selector', 'confidence') + ')':<28} "
                      f"{row['forward_passes']:>7.1f} "
@@ -566,6 +607,13 @@ def format_table(report: dict) -> str:
         if diff:
             lines.append(f"refine {critic} minus no refine (same cases): {diff['mean']:+.3f}, 95% CI "
                          f"[{diff['ci95'][0]:+.3f}, {diff['ci95'][1]:+.3f}]")
+    if repaired:
+        for label, key in (("repair", "repair_minus_base"), ("repair then refine", "final_minus_base")):
+            diff = repaired.get(key)
+            if diff and (key == "repair_minus_base" or len(repaired["rounds"]) > 1):
+                lines.append(f"{label} minus no refine (same cases): {diff['mean']:+.3f}, 95% CI "
+                             f"[{diff['ci95'][0]:+.3f}, {diff['ci95'][1]:+.3f}]")
+        lines.append(f"repair: {repaired['edits_kept']} edits kept over {report['n']} pictures")
     stops = "; ".join(f"{c}: {p['stopped']}" for c, p in report["refine"].items())
     for critic, part in report["refine"].items():
         ran = part.get("ran")
@@ -592,7 +640,7 @@ def plot_refine(reports: Sequence[dict], path) -> Path:
     figure, axis = plt.subplots(figsize=(7.5, 4.8))
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     axis.set_prop_cycle(color=[c for k, c in enumerate(palette) if k != 7])  # the 8th is grey, as the oracle
-    base = reports[0]["refine"][next(iter(reports[0]["refine"]))]["rounds"][0]
+    base = reports[0].get("base") or reports[0]["refine"][next(iter(reports[0]["refine"]))]["rounds"][0]
     axis.plot([base["forward_passes"]], [base["accuracy"]], "ks", label="no refine")
     seen, oracle_drawn = set(), False
     for report in reports:
@@ -606,6 +654,11 @@ def plot_refine(reports: Sequence[dict], path) -> Path:
                 f", patience {ran['patience']}" if ran["patience"] > 1 else "")
             axis.plot([r["forward_passes"] for r in rows], [r["accuracy"] for r in rows], "-o", markersize=3,
                       label=f"refine {critic}, {label}")
+        repaired = report.get("repair")
+        if repaired:
+            rows = repaired["rounds"]
+            axis.plot([r["forward_passes"] for r in rows], [r["accuracy"] for r in rows], "-D", markersize=4,
+                      label="repair by reading back" + (f", then refine {repaired['critic']}" if len(rows) > 1 else ""))
         by_selector: dict[str, list] = {}
         for row in report.get("best_of", []):
             by_selector.setdefault(row.get("selector", "confidence"), []).append(row)

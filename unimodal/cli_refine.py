@@ -178,7 +178,7 @@ def _cmd_bench_refine(args) -> int:
         report = bench_refine(pipe, cases, critics, args.rounds, args.best_of, args.seed, groups=args.groups,
                               batch_size=args.batch_size,
                               progress=progress, options=_refine_options(args), direction=args.direction,
-                              best_of_temperature=args.best_of_temperature)
+                              best_of_temperature=args.best_of_temperature, repair=args.repair)
         table = format_table(report)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split, voices=args.voices)
     print(table)
@@ -215,6 +215,9 @@ def _check_bench_refine_args(args) -> Path:
         raise InputError(f"--reread re-reads repaired captions: a number of rounds >= 0 with --corrupt and "
                          f"--modality text, got --reread {args.reread} with "
                          f"{'--corrupt' if args.corrupt is not None else 'no --corrupt'} --modality {args.modality}")
+    if args.repair and (args.direction != "text->image" or args.corrupt is not None or args.mistakes is not None):
+        raise InputError("--repair repairs pictures drawn from captions: it is a series of the text->image "
+                         "generation bench, not of --direction image->text, --corrupt or --mistakes")
     check_seed(args.seed, "--seed")
     _check_voices(args.voices, args.modality == "audio" and (args.corrupt or args.mistakes) is not None,
                   "only the speech benches hear them (--corrupt or --mistakes with --modality audio)")
@@ -470,6 +473,9 @@ def add_bench_refine_command(bench) -> None:
                      help="--corrupt --modality text: then refine each repaired caption this many rounds more as the "
                           "model's own reading of the picture, with the caption recipe's own settings (--temperature, "
                           "--threshold, ... set the first call only; default 0)")
+    sub.add_argument("--repair", action="store_true", help="text->image: one more series, each picture repaired "
+                     "by reading it back (refine(repair=True)), then refined --rounds rounds with the first of "
+                     "--critics (an empty --critics '': the repair alone)")
     sub.add_argument("--out", default="bench-refine", help="folder for bench_refine.json")
     sub.set_defaults(func=_cmd_bench_refine)
 

@@ -123,14 +123,16 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     return edited, trace
 
 
-def drafted_edit(pipe, result, instruction: str, text: str) -> tuple[object | None, dict]:
+def drafted_edit(pipe, result, instruction: str, text: str, index: int | None = None) -> tuple[object | None, dict]:
     """The pixel draft of an instructed picture edit alone, no model call: (the drafted result, or None when the
     change has no draft (a new shape, an object not found by its colour's pixels); the plan). ``text``: what the
-    picture shows. For a caller that checks the result its own way (:mod:`unimodal.repair`)."""
+    picture shows; ``index``: the object of it the instruction means, when the caller knows (two objects that
+    read alike are told apart by the half of the canvas the relation gives each). For a caller that checks the
+    result its own way (:mod:`unimodal.repair`)."""
     parsed = parse_instruction(instruction)
     require_fits(parsed, "image")
     rgb = np.asarray(result.image.convert("RGB"))
-    plan = plan_picture(pipe, result, parsed, text, 0, {}, rgb)
+    plan = plan_picture(pipe, result, parsed, text, 0, {}, rgb, index)
     return _pixel_draft(pipe, result, plan, rgb), plan
 
 
@@ -168,15 +170,15 @@ def _what_it_says(pipe, result, kind, text, seed, settings) -> tuple[str, str, i
     return read, "model", passes
 
 
-def plan_picture(pipe, result, parsed, text, seed, settings, rgb) -> dict:
+def plan_picture(pipe, result, parsed, text, seed, settings, rgb, index: int | None = None) -> dict:
     """Target caption and the box(es) to redo: the named object's (found by its colour) and, for a move, the
-    place it goes to."""
+    place it goes to. ``index``: the object meant, when the caller knows it (:func:`drafted_edit`)."""
     read, read_by, passes = _what_it_says(pipe, result, "image", text, seed, settings)
     source = parse_scene_caption(read)
     if source is None:
         raise InputError(f"the picture reads back as {read!r}, which states no complete scene in the caption "
                          f"grammar; pass text= (--prompt) with the caption it was made from")
-    target, index = apply_instruction(source, parsed)
+    target, index = apply_instruction(source, parsed, index)
     _require_readable(pipe, scene_caption(target, 0))
     boxes, located_by = picture_boxes(rgb, source, target, index)
     regions = [image_region(pipe.layout, pipe.layout.image_box_to_positions(box).tolist()) for box in boxes]
@@ -262,6 +264,25 @@ def object_box(rgb: np.ndarray, source: dict, index: int) -> tuple[list[float] |
     if not len(rows) or not len(cols):
         return None, "the grammar's anchor (no pixels of its colour found)"
     return [float(cols[0]), float(rows[0]), float(cols[-1] + 1), float(rows[-1] + 1)], "pixels of its colour"
+
+
+def object_colour(rgb: np.ndarray, source: dict, index: int) -> tuple[str | None, dict[str, int]]:
+    """The colour word most of object ``index``'s pixels are nearest to, and the count per colour word. The object
+    is found by the colour it was read as (:func:`object_box`; in its half of the canvas, for a pair) and taken
+    whole: every saturated pixel connected to that box, whatever its colour (an object drawn between two colour
+    words holds pixels of both). (None, {}) when it is not found by that colour."""
+    from skimage.measure import label
+
+    box, _ = object_box(rgb, source, index)
+    if box is None:
+        return None, {}
+    pixels = rgb.astype(np.int16)
+    saturated = _half(pixels.max(-1) - pixels.min(-1) > SATURATION, _side(source, index))
+    parts = label(saturated, connectivity=2)
+    touching = np.unique(parts[int(box[1]):int(box[3]), int(box[0]):int(box[2])])
+    whole = np.isin(parts, touching[touching > 0])
+    counts = {colour: int((colour_mask(rgb, colour) & whole).sum()) for colour in COLORS}
+    return max(counts, key=counts.get), counts
 
 
 def anchor_box(source: dict, index: int) -> list[float]:
@@ -465,5 +486,5 @@ def _caption_tokens_changed(old: list, new: list, spliced: list[int]) -> dict:
     return {"inside": len(new) - len(head) - len(tail), "outside": outside}
 
 
-__all__ = ["anchor_box", "colour_mask", "instructed_edit", "object_box", "picture_boxes", "plan_caption",
-           "plan_picture", "plan_speech", "splice_caption", "verdict"]
+__all__ = ["anchor_box", "colour_mask", "instructed_edit", "object_box", "object_colour", "picture_boxes",
+           "plan_caption", "plan_picture", "plan_speech", "splice_caption", "verdict"]

@@ -3,13 +3,16 @@ with instructed edits (:mod:`unimodal.instructed`), one attribute at a time.
 
 The plan is the cross-modal check (:func:`unimodal.refine.cross_modal_check`): the picture is captioned by the same
 model and both captions are parsed by the caption grammar. The objects of the reading are matched to the request's
-(a pair may be read in the other order) and placed by the request's relation, and each colour, size or place of a
-matched object that differs becomes an instruction ("make the small yellow circle green") executed on the picture as
-it stands, with the reading as what it shows. Those three changes keep the object's silhouette, so they start from
-its own pixels (the pixel draft, no model call); an edit whose object is not found by the pixels of the colour it was
-read as is not kept: the reading, not the picture, was wrong there. A shape and a pair's relation are left as drawn: the model reads the shapes it draws wrong
-as right on the test scenes, and reads a held-out colour+shape pair's shape by the colour it saw it with
-(docs/critique.md, "Repair by reading back").
+(a pair may be read in the other order) and placed by the request's relation. Each read object's colour is then
+measured from its pixels (the palette word most of them are nearest to): the model reads a colour it drew between
+two words (a yellow square drawn orange-yellow) as the one it was asked for, and the pixels say otherwise. Each
+colour, size or place of a matched object that differs from the request becomes an instruction ("make the small
+yellow circle green") executed on the picture as it stands, on the object the matching names (two objects read
+alike are told apart by their places). Those three changes keep the object's silhouette, so they start from its
+own pixels (the pixel draft, no model call); an edit whose object is not found by the pixels of the colour it was
+read as is not kept: the reading, not the picture, was wrong there. A shape and a pair's relation are left as
+drawn: the model reads the shapes it draws wrong as right on the test scenes, and reads a held-out colour+shape
+pair's shape by the colour it saw it with (docs/critique.md, "Repair by reading back").
 
     fixed, trace = pipe.refine(result, text="a small green circle on the left", repair=True, rounds=0)
 
@@ -20,6 +23,8 @@ picture (this module imports :mod:`unimodal.refine`, never the other way round).
 from __future__ import annotations
 
 from itertools import permutations
+
+import numpy as np
 
 from unimodal.core.errors import InputError
 from unimodal.core.grammar import parse_scene_caption, scene_caption
@@ -61,41 +66,57 @@ def repairs(asked: dict, shown: dict) -> list[tuple[int, str, str]]:
             for key in REPAIRED if want.get(key) is not None and want[key] != seen.get(key)]
 
 
-def repair_by_reading(pipe, result, request: str, seed: int = 0) -> tuple[object, dict]:
+def repair_by_reading(pipe, result, request: str, seed: int = 0, colours: bool = True) -> tuple[object, dict]:
     """The picture with each attribute its reading gets wrong changed by an instructed edit's pixel draft
     (:func:`unimodal.instructed.drafted_edit`: no model call; the reading already said what to change), and the
-    trace: ``check`` (the reading, :func:`unimodal.refine.cross_modal_check`), ``edits`` (each instruction, whether
-    it was kept and why not, its regions and codes drafted), ``forward_passes`` (the reading's). Nothing changes
-    when the reading agrees with the request, states another number of objects or no scene, or only a shape or
-    relation differs."""
-    from unimodal.instructed import drafted_edit
+    trace: ``check`` (the reading, :func:`unimodal.refine.cross_modal_check`), ``colours`` (each object whose
+    pixels show another colour than it was read as), ``edits`` (each instruction, the object it means, whether it
+    was kept and why not, its regions and codes drafted), ``forward_passes`` (the reading's). ``colours``: measure
+    each read object's colour from its pixels (:func:`unimodal.instructed.object_colour`, the palette word most of
+    them are nearest to) and take that over the reading where they differ: the model reads a colour it drew
+    between two words (an orange-yellow square) as the one it was asked for. Nothing changes when the reading
+    states another number of objects or no scene, or when only a shape or relation differs (or a colour read
+    otherwise that the pixels show as asked)."""
+    from unimodal.instructed import drafted_edit, object_colour
     from unimodal.refine import cross_modal_check
 
     check = cross_modal_check(pipe, result, request, seed)
-    trace = {"check": check, "edits": [], "forward_passes": check.get("forward_passes", 0)}
+    trace = {"check": check, "colours": [], "edits": [], "forward_passes": check.get("forward_passes", 0)}
     asked = parse_scene_caption(request) if check.get("ran") else None
     heard = parse_scene_caption(check.get("read_back") or "") if asked is not None else None
-    if asked is None or check["agrees"] or heard is None or len(heard["objects"]) != len(asked["objects"]):
+    if asked is None or heard is None or len(heard["objects"]) != len(asked["objects"]):
         trace["why"] = ("the request states no scene" if asked is None else
-                        "the reading agrees with the request" if check["agrees"] else
                         "the reading states no scene" if heard is None else
                         "the reading states another number of objects")
         return result, trace
     current = as_read(asked, heard)
+    if colours:
+        rgb = np.asarray(result.image.convert("RGB"))
+        for index, obj in enumerate(current["objects"]):
+            shown, counts = object_colour(rgb, current, index)
+            if shown is not None and counts[shown] > counts[obj["color"]]:
+                trace["colours"].append({"object": index, "read": obj["color"], "pixels": shown,
+                                         "counts": {k: v for k, v in counts.items() if v}})
+        for seen in trace["colours"]:
+            current["objects"][seen["object"]]["color"] = seen["pixels"]
+    if not repairs(asked, current):
+        trace["why"] = ("the reading agrees with the request" if check["agrees"] and not trace["colours"] else
+                        "what differs is a shape or relation, or a colour the pixels show as asked")
+        return result, trace
     for index, key, value in repairs(asked, current):
         obj = current["objects"][index]
         instruction = REPAIRED[key].format(name=f"{obj['size']} {obj['color']} {obj['shape']}", value=value)
         try:
-            edited, plan = drafted_edit(pipe, result, instruction, scene_caption(current, 0))
-        except InputError as refused:  # two objects the reading names alike, a move in a pair
-            trace["edits"].append({"instruction": instruction, "kept": False, "why": str(refused)})
+            edited, plan = drafted_edit(pipe, result, instruction, scene_caption(current, 0), index)
+        except InputError as refused:  # a move in a pair
+            trace["edits"].append({"instruction": instruction, "object": index, "kept": False, "why": str(refused)})
             continue
         if edited is None:
-            trace["edits"].append({"instruction": instruction, "kept": False,
+            trace["edits"].append({"instruction": instruction, "object": index, "kept": False,
                                    "why": f"no pixel draft ({plan['draft']['why']}): the reading is not trusted"})
             continue
         result, current = edited, plan["target_attributes"]
-        trace["edits"].append({"instruction": instruction, "kept": True, "regions": plan["regions"],
+        trace["edits"].append({"instruction": instruction, "object": index, "kept": True, "regions": plan["regions"],
                                "codes_drafted": plan["draft"]["codes_drafted"]})
     return result, trace
 

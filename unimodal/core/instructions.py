@@ -125,9 +125,18 @@ def describe(attrs: dict) -> str:
     return " and ".join(f"a {o['size']} {o['color']} {o['shape']}" for o in attrs["objects"])
 
 
-def named_object(attrs: dict, instruction: Instruction) -> int:
-    """Index of the one object the instruction names; an InputError when it names none or several."""
+def named_object(attrs: dict, instruction: Instruction, index: int | None = None) -> int:
+    """Index of the one object the instruction names; an InputError when it names none or several. ``index``: the
+    object the caller already knows it means (a pair whose two objects read alike, told apart by their places,
+    :mod:`unimodal.repair`): kept when the instruction's words fit it, else an InputError."""
     objects = attrs["objects"]
+    if index is not None:
+        if not 0 <= index < len(objects):
+            raise InputError(f"instruction {instruction.text!r}: object {index} of a picture of {len(objects)}")
+        if not set(instruction.ref) <= {objects[index]["color"], objects[index]["size"], objects[index]["shape"]}:
+            raise InputError(f"instruction {instruction.text!r} names the {' '.join(instruction.ref)}, but object "
+                             f"{index} of {describe(attrs)} is not one")
+        return index
     if not instruction.ref:
         if len(objects) != 1:
             raise InputError(f"instruction {instruction.text!r} says 'it', but the picture shows {describe(attrs)}; "
@@ -143,11 +152,12 @@ def named_object(attrs: dict, instruction: Instruction) -> int:
     return hits[0]
 
 
-def apply_instruction(attrs: dict, instruction: Instruction) -> tuple[dict, int]:
+def apply_instruction(attrs: dict, instruction: Instruction, index: int | None = None) -> tuple[dict, int]:
     """The scene the instruction asks for (attributes as :func:`unimodal.core.grammar.parse_scene_caption`
-    gives them) and the index of the object it changes. Refuses a move in a picture of two objects (their
-    places are a relation, not positions) and an instruction that changes nothing."""
-    index = named_object(attrs, instruction)
+    gives them) and the index of the object it changes (``index``: the one the caller means,
+    :func:`named_object`). Refuses a move in a picture of two objects (their places are a relation, not
+    positions) and an instruction that changes nothing."""
+    index = named_object(attrs, instruction, index)
     obj = attrs["objects"][index]
     if instruction.key == "position" and len(attrs["objects"]) != 1:
         raise InputError(f"instruction {instruction.text!r}: a picture of two objects places them by their relation "
