@@ -103,13 +103,14 @@ def test_generate_is_listed_with_a_schema_for_every_argument(seen):
     properties = tool.input_schema["properties"]
     expected = {"to", "text", "image", "audio", "out", "steps", "mode", "tau", "temperature", "top_k", "top_p",
                 "cfg", "choice_temperature", "seed", "max_text_tokens", "max_audio_seconds", "candidates",
-                "accept_confidence", "accept_agreement", "agreement", "plan", "refine"}
+                "accept_confidence", "accept_agreement", "agreement", "plan", "refine", "repair"}
     assert set(properties) == expected
     assert all(properties[name].get("description") for name in expected)
     assert {"minimum": 1, "type": "integer"} in properties["steps"]["anyOf"]
     assert {"enum": ["text", "text-only", "none"], "type": "string"} in properties["plan"]["anyOf"]
     assert {"enum": ["joint", "each"], "type": "string"} in properties["agreement"]["anyOf"]
     assert {"minimum": 0, "maximum": 32, "type": "integer"} in properties["refine"]["anyOf"]
+    assert {"type": "boolean"} in properties["repair"]["anyOf"]
 
 
 def test_the_vocabulary_is_a_resource(seen):

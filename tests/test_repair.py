@@ -232,3 +232,47 @@ def test_repair_alone_spends_no_critic_pass_and_speech_heard_as_nothing_changes_
     fixed, trace = pipe.refine(picture, audio=np.zeros(16000, np.float32), repair=True, rounds=0)
     assert trace["repair"]["why"] == "the speech was heard as no words" and trace["repair"]["request"]["text"] == ""
     assert fixed.token_ids["image"] == picture.token_ids["image"]
+
+
+def test_generate_repair_reads_the_picture_back_and_counts_the_reading(pipe, monkeypatch):
+    _reads(pipe, monkeypatch, DRAWN)
+    plain = pipe.generate(text="a small blue circle on the left", to="image", steps=2, seed=3)
+    repaired = pipe.generate(text="a small blue circle on the left", to="image", steps=2, seed=3, repair=True)
+    trace = repaired.settings["repair"]
+    assert trace["check"]["read_back"] == DRAWN and not trace["check"]["agrees"]
+    assert repaired.forward_passes == plain.forward_passes + trace["forward_passes"] > plain.forward_passes
+    assert json.loads(json.dumps(trace)) == trace and "repair" not in plain.settings
+
+
+@pytest.mark.parametrize("request_, message", [
+    ({"text": DRAWN, "to": "audio"}, "this request makes audio from text"),  # speech, not a picture
+    ({"to": "image"}, "this request makes image from no input"),
+    ({"text": DRAWN, "to": ["image", "audio"]}, "this request makes image, audio from text"),
+])
+def test_generate_repair_is_refused_where_no_picture_is_drawn_from_words_or_speech(pipe, monkeypatch, request_,
+                                                                                    message):
+    from unimodal.checks import check_request
+    from unimodal.core.errors import SettingError
+
+    monkeypatch.setattr(pipe, "_generate_once", lambda *a, **k: pytest.fail("something was drawn"))
+    with pytest.raises(SettingError, match=message):
+        pipe.generate(**request_, repair=True)
+    with pytest.raises(SettingError, match=message):
+        check_request({**request_, "repair": True})
+    with pytest.raises(SettingError, match="repair must be true or false"):
+        pipe.generate(text=DRAWN, repair=1)
+
+
+def test_generate_command_repair(tiny_caption_model_dir, tmp_path, capsys):
+    from unimodal.cli import main
+
+    code = main(["generate", "--model", str(tiny_caption_model_dir), "--text", DRAWN, "--steps", "2", "--repair",
+                 "--out", str(tmp_path / "x.png"), "--json", "--quiet"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    assert "check" in result["settings"]["repair"] and (tmp_path / "x.png").is_file()
+    code = main(["generate", "--model", str(tiny_caption_model_dir), "--text", DRAWN, "--to", "audio", "--repair",
+                 "--out", str(tmp_path / "x.wav")])
+    out, err = capsys.readouterr()
+    assert code == 2 and "repair reads a picture back" in err and not (tmp_path / "x.wav").exists(), err

@@ -37,7 +37,7 @@ INPUT_KEYS = MODALITIES
 PLANS = ("text", "text-only", "none")  # UniModal.generate's ``plan``
 SETTING_KEYS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "seed", "max_text_tokens",
                 "max_audio_seconds", "schedule", "block_length", "block_mode", "choice_temperature", "candidates",
-                "accept_confidence", "accept_agreement", "agreement", "plan", "refine")
+                "accept_confidence", "accept_agreement", "agreement", "plan", "refine", "repair")
 GENERATE_KEYS = INPUT_KEYS + ("to", "out") + SETTING_KEYS
 MAX_CANDIDATES = 64  # draws of one request kept to the best: more is a batch job, not a request
 MAX_REFINE_ROUNDS = 32  # refine rounds after a generate request (each is a regeneration: more is a benchmark)
@@ -70,6 +70,7 @@ def check_request(request: Mapping, needs_out: bool = False) -> CheckedRequest:
         checked.settings["seed"] = None  # None asks for a fresh seed; every other None means "the default"
     checked.inputs = check_inputs({k: request[k] for k in INPUT_KEYS if request.get(k) is not None})
     check_not_both(checked.inputs, checked.to)
+    check_repair_request(checked.settings.get("repair", False), checked.to, checked.inputs)
     checked.outputs = plan_outputs(request.get("out"), checked.to, needs_out)
     return checked
 
@@ -233,6 +234,23 @@ def check_refine_rounds(value) -> int:
     return value
 
 
+def check_repair_setting(value) -> bool:
+    """``repair`` of a generate request: True or False."""
+    if not isinstance(value, bool):
+        raise SettingError(f"repair must be true or false, got {value!r}")
+    return value
+
+
+def check_repair_request(repair: bool, to, inputs) -> None:
+    """``repair`` reads a picture back against the request it was drawn from: one picture made from a text or
+    speech input (:mod:`unimodal.repair`)."""
+    if repair and (list(to) != ["image"] or not {"text", "audio"} & set(inputs)):
+        made = ", ".join(to) or "nothing"
+        given = ", ".join(sorted(inputs)) or "no input"
+        raise SettingError(f"repair reads a picture back against the words or speech it was drawn from: it needs "
+                           f"to='image' and a text or audio input; this request makes {made} from {given}")
+
+
 def check_draws_differ(candidates: int, differ: bool) -> None:
     """Refuse ``candidates`` > 1 when draws cannot ``differ`` (the sampler's ``random``: every seed gives the same
     tokens)."""
@@ -312,6 +330,7 @@ _SETTING_CHECKS = {
     "max_text_tokens": lambda v: _int_setting("max_text_tokens", v, 1),
     "candidates": check_candidates,
     "refine": check_refine_rounds,
+    "repair": check_repair_setting,
     "accept_confidence": check_accept_confidence,
     "accept_agreement": check_accept_agreement,
     "agreement": check_agreement,

@@ -18,7 +18,8 @@ anything runs; the error ``type`` names the cause (``InputFileError``, ``TextEnc
 the first draw when the model's confidence score of it reaches this), ``accept_agreement`` (with ``candidates``:
 draw one at a time, keep the first whose agreement score reaches this), ``agreement`` (with ``candidates``: how each
 draw is read back, ``joint`` or ``each``), ``refine`` (then that many rounds of refine
-against the inputs), ``plan`` (``text``, ``text-only`` or ``none``: see :meth:`unimodal.UniModal.generate`).
+against the inputs), ``repair`` (a picture drawn from text or speech: read back and repaired, before any refine
+rounds), ``plan`` (``text``, ``text-only`` or ``none``: see :meth:`unimodal.UniModal.generate`).
 
 Responses (one JSON object per line on stdout, in request order)::
 
