@@ -140,6 +140,8 @@ def test_train_objective_ar_writes_a_twin_the_pipeline_decodes(tiny_codec_dir, t
         pipe.generate(text="a small red circle", to="image", seed=0).token_ids
     with pytest.raises(SettingError, match="refine > 0 re-masks and regenerates with the masked-diffusion model"):
         pipe.generate(text="a small red circle", to="image", refine=1)  # refused before anything is sampled
+    with pytest.raises(SettingError, match="repair reads the picture back with the masked-diffusion model"):
+        pipe.generate(text="a small red circle", to="image", repair=True)
     with pytest.raises(InputError, match="train_subset"):
         TrainConfig(train_subset=0)
 

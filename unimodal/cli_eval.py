@@ -10,10 +10,11 @@ from unimodal.checks import AGREEMENTS, PLANS, SETTING_KEYS, check_settings
 from unimodal.core.errors import InputError
 
 def _settings(args) -> dict:
-    """The sampler settings given on the command line (the seed is the evaluation's own, per request), checked
-    as a generate request's are (before any model loads)."""
+    """The sampler settings given on the command line (the seed is the evaluation's own, per request; ``--repair``
+    is the evaluation's own step, run after each draw of the directions it applies to), checked as a generate
+    request's are (before any model loads)."""
     return check_settings({key: getattr(args, key) for key in SETTING_KEYS
-                           if key != "seed" and getattr(args, key, None) is not None})
+                           if key not in ("seed", "repair") and getattr(args, key, None) is not None})
 
 
 def _directions(text: str, known) -> list[str]:

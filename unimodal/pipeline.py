@@ -287,9 +287,12 @@ class UniModal(DiffusionPipeline):
         check_repair_setting(repair)
         given = [m for m, v in (("text", text), ("image", image), ("audio", audio)) if v is not None]
         check_repair_request(repair, check_to(to), given)
-        if (refine or repair) and self.autoregressive:
-            raise SettingError("refine and repair re-read and redo the output with the masked-diffusion model; the "
-                               "autoregressive twin has no such step (use refine=0, repair=False)")
+        if refine and self.autoregressive:
+            raise SettingError("refine > 0 re-masks and regenerates with the masked-diffusion model; the "
+                               "autoregressive twin has no such step (use refine=0)")
+        if repair and self.autoregressive:
+            raise SettingError("repair reads the picture back with the masked-diffusion model; the autoregressive "
+                               "twin has no such reading (use repair=False)")
         if refine and isinstance(seed, int) and not isinstance(seed, bool):  # before anything is sampled
             check_seed_room(seed, refine, SettingError)
         result = self._generate_once(text, image, audio, to, steps, mode, tau, temperature, top_k, top_p, cfg, seed,
