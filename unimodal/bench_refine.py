@@ -656,9 +656,10 @@ def plot_refine(reports: Sequence[dict], path) -> Path:
                       label=f"refine {critic}, {label}")
         repaired = report.get("repair")
         if repaired:
-            rows = repaired["rounds"]
+            rows = [base] + repaired["rounds"]  # from the draw it repairs
             axis.plot([r["forward_passes"] for r in rows], [r["accuracy"] for r in rows], "-D", markersize=4,
-                      label="repair by reading back" + (f", then refine {repaired['critic']}" if len(rows) > 1 else ""))
+                      label="repair by reading back" + (f", then refine {repaired['critic']}"
+                                                       if len(repaired["rounds"]) > 1 else ""))
         by_selector: dict[str, list] = {}
         for row in report.get("best_of", []):
             by_selector.setdefault(row.get("selector", "confidence"), []).append(row)

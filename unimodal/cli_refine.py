@@ -107,7 +107,8 @@ def _cmd_refine(args) -> int:
     if "repair" in trace:
         repair = trace["repair"]
         kept = [e["instruction"] for e in repair["edits"] if e["kept"]]
-        print(f"repair: read back as {repair['check'].get('read_back')!r}; "
+        measured = "".join(f" (its pixels show the {c['read']} object {c['pixels']})" for c in repair.get("colours", []))
+        print(f"repair: read back as {repair['check'].get('read_back')!r}{measured}; "
               + (f"{len(kept)} edit(s) made: {'; '.join(kept)}" if kept else
                  f"nothing changed ({repair.get('why') or 'no edit kept'})"))
     score = "" if trace["score_initial"] is None else \
