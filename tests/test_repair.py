@@ -220,6 +220,8 @@ def test_repair_alone_spends_no_critic_pass_and_speech_heard_as_nothing_changes_
     picture = _picture(pipe)
     fixed, trace = pipe.refine(picture, text=DRAWN, repair=True, rounds=0)
     assert trace["rounds"] == [] and trace["score_initial"] is None
+    _, by_default = pipe.refine(picture, text=DRAWN, repair=True)  # the repair alone unless rounds are asked
+    assert by_default["rounds"] == [] and by_default["critic"] is None
     assert trace["forward_passes"] == trace["repair"]["forward_passes"] == trace["repair"]["check"]["forward_passes"]
     real = pipe.generate
 

@@ -369,8 +369,8 @@ def add_refine_commands(sub) -> None:
     refine = sub.add_parser("refine", help="re-mask flawed regions and regenerate them, round by round")
     _add_common(refine, "the refined output (.png, .wav or .txt)")
     _add_plan_flags(refine)
-    refine.add_argument("--rounds", type=int, default=3, help="most rounds of critique -> re-mask -> regenerate (3; "
-                        "0 only with --repair: the repair alone)")
+    refine.add_argument("--rounds", type=int, default=None, help="most rounds of critique -> re-mask -> regenerate "
+                        "(3; with --repair 0, the repair alone, which measured best; 0 only with --repair)")
     refine.add_argument("--budget", type=int, default=None, help="most forward passes in all")
     refine.add_argument("--trace", default=None, help="write the JSON trace of every round here")
     refine.add_argument("--evaluator", default=None, choices=EVALUATORS, help="what keeps a "

@@ -289,8 +289,9 @@ def refine_tool(runner: Runner):
     def refine(
         input: Input,  # noqa: A002
         prompt: Prompt = None,
-        rounds: Annotated[int, Field(ge=0, description="most rounds of critique -> re-mask -> regenerate (0: only "
-                                                       "with repair, the repair alone)")] = 3,
+        rounds: Annotated[int | None, Field(ge=0, description="most rounds of critique -> re-mask -> regenerate "
+                                                              "(3; with repair 0, the repair alone, which measured "
+                                                              "best; 0 only with repair)")] = None,
         budget: Annotated[int | None, Field(ge=1, description="most forward passes in all")] = None,
         critic: Critic = "confidence",
         fraction: Fraction = None,

@@ -753,7 +753,8 @@ class UniModal(DiffusionPipeline):
     def refine(self, result, repair: bool = False, **kwargs):
         """Re-mask flagged regions and regenerate them: (result, trace); see :func:`unimodal.refine.refine`.
         ``repair=True`` (a picture): first read it back and change each colour, size or place the reading gets
-        otherwise than the request by an instructed edit from the object's own pixels (the trace's ``repair``);
+        otherwise than the request by an instructed edit from the object's own pixels (the trace's ``repair``),
+        then ``rounds`` rounds of refine (0 by default with ``repair``: the repair alone measured best);
         see :func:`unimodal.repair.refine_with_repair`."""
         if check_repair_setting(repair):
             from unimodal.repair import refine_with_repair

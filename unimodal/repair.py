@@ -121,12 +121,14 @@ def repair_by_reading(pipe, result, request: str, seed: int = 0, colours: bool =
     return result, trace
 
 
-def refine_with_repair(pipe, result, text=None, audio=None, seed: int = 0, rounds: int = 3,
+def refine_with_repair(pipe, result, text=None, audio=None, seed: int = 0, rounds: int = 0,
                        **kwargs) -> tuple[object, dict]:
     """``UniModal.refine(result, ..., repair=True)``: :func:`repair_by_reading` against the request (``text=``,
     or what the model hears in ``audio=``, the speech the picture was drawn from: the trace's ``repair.request``),
-    then :func:`unimodal.refine.refine` with ``rounds`` and ``kwargs`` on the repaired picture (``rounds=0``: the
-    repair alone, no critic pass); the trace gains ``repair`` and its passes, and a ``budget`` counts them. The
+    then :func:`unimodal.refine.refine` with ``rounds`` and ``kwargs`` on the repaired picture (``rounds=0``, the
+    default: the repair alone, no critic pass; a critic round after it redraws what the model doubts, the colour
+    the repair gave a held-out shape among it, and undid 21% of the repairs on the held-out pairs with the
+    content critic); the trace gains ``repair`` and its passes, and a ``budget`` counts them. The
     refine settings are checked before the repair reads anything."""
     from dataclasses import replace
 
