@@ -78,9 +78,10 @@ def _base(pipe, cases, seed: int, batch_size: int, direction: _Direction | None 
             for r in pipe.generate_batch(requests[first:first + batch_size], **sampling)]
 
 
-def _refined(pipe, cases, base, judges, critic, rounds: int, seed: int, groups: int, options: dict,
-             direction: _Direction, repair: bool = False) -> dict:
-    """Per round: accuracy, mean cumulative passes, fix and break rates; and the stop reasons. ``repair``: each
+def _refined(pipe, cases, base, drawn: np.ndarray, judges, critic, rounds: int, seed: int, groups: int,
+             options: dict, direction: _Direction, repair: bool = False) -> dict:
+    """Per round: accuracy, mean cumulative passes, fix and break rates; and the stop reasons. ``drawn``: the
+    draws' verdicts (judged once by the caller). ``repair``: each
     output first repaired by reading it back (``UniModal.refine(..., repair=True, rounds=0)``), then refined
     ``rounds`` rounds with ``critic`` (none: the repair alone); row 0 is then the repaired output (its fix and
     break rates against the draw), and ``repair`` counts the edits kept."""
@@ -91,7 +92,7 @@ def _refined(pipe, cases, base, judges, critic, rounds: int, seed: int, groups: 
     stops: dict[str, int] = {}
     edits = 0
     ran = None  # what the loop resolved (evaluator, patience, thresholds, temperature), the same for every case
-    verdicts[:, 0] = direction.verdicts(cases, [direction.output(r) for r in base], judges)
+    verdicts[:, 0] = drawn
     for i, (case, result) in enumerate(zip(cases, base)):
         spent = [0.0]
         if repair:
@@ -99,7 +100,7 @@ def _refined(pipe, cases, base, judges, critic, rounds: int, seed: int, groups: 
             edits += sum(e["kept"] for e in trace["repair"]["edits"])
             spent = [float(trace["forward_passes"])] * 2
             verdicts[i, 1] = direction.verdicts([case], [direction.output(result)], judges)[0]
-        if rounds and critic is not None:
+        if rounds:
             seen = {}
             _, trace = pipe.refine(result, **direction.inputs(case), rounds=rounds, critic=critic, groups=groups,
                                    seed=seed + i, **options,
@@ -111,7 +112,7 @@ def _refined(pipe, cases, base, judges, critic, rounds: int, seed: int, groups: 
             stops[trace["stopped"]] = stops.get(trace["stopped"], 0) + 1
         for r in range(1, rounds + 1):
             column = first + r
-            verdicts[i, column] = (direction.verdicts([case], [seen[r]], judges)[0] if critic is not None and r in seen
+            verdicts[i, column] = (direction.verdicts([case], [seen[r]], judges)[0] if r in seen
                                    else verdicts[i, column - 1])
             passes[i, column] = spent[min(column, len(spent) - 1)]
         if repair:
@@ -137,13 +138,14 @@ def _rate(hits: np.ndarray, among: np.ndarray) -> float | None:
     return float(hits.sum() / among.sum()) if among.sum() else None
 
 
-def _best_of(pipe, cases, base, judges, best_of: int, seed: int, groups: int, batch_size: int,
+def _best_of(pipe, cases, base, drawn: np.ndarray, judges, best_of: int, seed: int, groups: int, batch_size: int,
              direction: _Direction, temperature: float | None) -> list[dict]:
-    """Accuracy of the best-scored of the first N outputs per case, N = 1 .. best_of, per selector."""
+    """Accuracy of the best-scored of the first N outputs per case, N = 1 .. best_of, per selector (``drawn``:
+    the first draws' verdicts, judged once by the caller)."""
     draws = [base] + [_base(pipe, cases, seed + k * BEST_OF_SEED_STRIDE, batch_size, direction, temperature)
                       for k in range(1, best_of)]
-    right = np.array([direction.verdicts(cases, [direction.output(r) for r in results], judges)
-                      for results in draws])  # (N, n)
+    right = np.array([drawn] + [direction.verdicts(cases, [direction.output(r) for r in results], judges)
+                                for results in draws[1:]], dtype=bool)  # (N, n)
     base_passes = np.mean([r.forward_passes for r in base])
     selectors = {"confidence": lambda case, r: (_confidence(pipe, case, r, groups, direction), groups),
                  "agreement": lambda case, r: _agreement_read(pipe, case, r, direction, "joint"),
@@ -208,21 +210,22 @@ def bench_refine(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confiden
         best_of_temperature = TEXT_BEST_OF_TEMPERATURE
     judges = judges or Judges()
     base = _base(pipe, cases, seed, batch_size, way)
+    drawn = np.array(way.verdicts(cases, [way.output(r) for r in base], judges), dtype=bool)
     report = {"n": len(cases), "direction": way.name, "seed": seed, "rounds": rounds, "groups": groups,
               "options": dict(options or {}), "best_of_temperature": best_of_temperature,
               "sampler": {k: base[0].settings.get(k) for k in ("mode", "steps", "cfg", "temperature",
                                                                "choice_temperature")}, "refine": {},
-              "base": {"accuracy": float(np.mean(way.verdicts(cases, [way.output(r) for r in base], judges))),
+              "base": {"accuracy": float(drawn.mean()),
                        "forward_passes": float(np.mean([r.forward_passes for r in base]))}}
     for critic in critics:
-        report["refine"][critic] = _refined(pipe, cases, base, judges, critic, rounds, seed, groups,
+        report["refine"][critic] = _refined(pipe, cases, base, drawn, judges, critic, rounds, seed, groups,
                                             dict(options or {}), way)
         progress(f"done: refine {critic}")
     if repair:
-        report["repair"] = _refined(pipe, cases, base, judges, critics[0] if critics else None, rounds, seed,
-                                    groups, dict(options or {}), way, repair=True)
+        report["repair"] = _refined(pipe, cases, base, drawn, judges, critics[0] if critics else None, rounds,
+                                    seed, groups, dict(options or {}), way, repair=True)
         progress("done: repair")
-    report["best_of"] = _best_of(pipe, cases, base, judges, best_of, seed, groups, batch_size, way,
+    report["best_of"] = _best_of(pipe, cases, base, drawn, judges, best_of, seed, groups, batch_size, way,
                                  best_of_temperature)
     return report
 

@@ -224,13 +224,19 @@ _PLANNERS = {"image": plan_picture, "audio": plan_speech, "text": plan_caption}
 # ---- where an object is -------------------------------------------------------------------------------------------
 
 
-def colour_mask(rgb: np.ndarray, colour: str) -> np.ndarray:
-    """(H, W) bool: saturated pixels whose nearest colour word is ``colour``."""
+def _palette_index(rgb: np.ndarray) -> np.ndarray:
+    """(H, W) int: the index in ``COLORS`` of each saturated pixel's nearest colour word, -1 for the grey
+    background."""
     pixels = rgb.astype(np.float32)
     saturated = pixels.max(-1) - pixels.min(-1) > SATURATION
     canon = np.array(list(COLORS.values()), dtype=np.float32)  # (C, 3)
     nearest = ((pixels[..., None, :] - canon) ** 2).sum(-1).argmin(-1)  # (H, W)
-    return saturated & (nearest == list(COLORS).index(colour))
+    return np.where(saturated, nearest, -1)
+
+
+def colour_mask(rgb: np.ndarray, colour: str) -> np.ndarray:
+    """(H, W) bool: saturated pixels whose nearest colour word is ``colour``."""
+    return _palette_index(rgb) == list(COLORS).index(colour)
 
 
 def _side(source: dict, index: int) -> str | None:
@@ -276,12 +282,12 @@ def object_colour(rgb: np.ndarray, source: dict, index: int) -> tuple[str | None
     box, _ = object_box(rgb, source, index)
     if box is None:
         return None, {}
-    pixels = rgb.astype(np.int16)
-    saturated = _half(pixels.max(-1) - pixels.min(-1) > SATURATION, _side(source, index))
-    parts = label(saturated, connectivity=2)
+    nearest = _palette_index(rgb)
+    parts = label(_half(nearest >= 0, _side(source, index)), connectivity=2)
     touching = np.unique(parts[int(box[1]):int(box[3]), int(box[0]):int(box[2])])
     whole = np.isin(parts, touching[touching > 0])
-    counts = {colour: int((colour_mask(rgb, colour) & whole).sum()) for colour in COLORS}
+    tally = np.bincount(nearest[whole], minlength=len(COLORS))
+    counts = {colour: int(tally[k]) for k, colour in enumerate(COLORS)}
     return max(counts, key=counts.get), counts
 
 

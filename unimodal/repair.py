@@ -99,11 +99,12 @@ def repair_by_reading(pipe, result, request: str, seed: int = 0, colours: bool =
                                          "counts": {k: v for k, v in counts.items() if v}})
         for seen in trace["colours"]:
             current["objects"][seen["object"]]["color"] = seen["pixels"]
-    if not repairs(asked, current):
+    asked_for = repairs(asked, current)
+    if not asked_for:
         trace["why"] = ("the reading agrees with the request" if check["agrees"] and not trace["colours"] else
                         "what differs is a shape or relation, or a colour the pixels show as asked")
         return result, trace
-    for index, key, value in repairs(asked, current):
+    for index, key, value in asked_for:
         obj = current["objects"][index]
         instruction = REPAIRED[key].format(name=f"{obj['size']} {obj['color']} {obj['shape']}", value=value)
         try:

@@ -125,6 +125,11 @@ def describe(attrs: dict) -> str:
     return " and ".join(f"a {o['size']} {o['color']} {o['shape']}" for o in attrs["objects"])
 
 
+def _fits(obj: dict, instruction: Instruction) -> bool:
+    """Whether every word the instruction names its object by is one of ``obj``'s attributes."""
+    return set(instruction.ref) <= {obj["color"], obj["size"], obj["shape"]}
+
+
 def named_object(attrs: dict, instruction: Instruction, index: int | None = None) -> int:
     """Index of the one object the instruction names; an InputError when it names none or several. ``index``: the
     object the caller already knows it means (a pair whose two objects read alike, told apart by their places,
@@ -133,7 +138,7 @@ def named_object(attrs: dict, instruction: Instruction, index: int | None = None
     if index is not None:
         if not 0 <= index < len(objects):
             raise InputError(f"instruction {instruction.text!r}: object {index} of a picture of {len(objects)}")
-        if not set(instruction.ref) <= {objects[index]["color"], objects[index]["size"], objects[index]["shape"]}:
+        if not _fits(objects[index], instruction):
             raise InputError(f"instruction {instruction.text!r} names the {' '.join(instruction.ref)}, but object "
                              f"{index} of {describe(attrs)} is not one")
         return index
@@ -142,7 +147,7 @@ def named_object(attrs: dict, instruction: Instruction, index: int | None = None
             raise InputError(f"instruction {instruction.text!r} says 'it', but the picture shows {describe(attrs)}; "
                              f"name the object (e.g. 'make the {objects[0]['shape']} ...')")
         return 0
-    hits = [i for i, obj in enumerate(objects) if set(instruction.ref) <= {obj["color"], obj["size"], obj["shape"]}]
+    hits = [i for i, obj in enumerate(objects) if _fits(obj, instruction)]
     if not hits:
         raise InputError(f"instruction {instruction.text!r} names the {' '.join(instruction.ref)}, but the picture "
                          f"shows {describe(attrs)}")
