@@ -176,6 +176,29 @@ def confidence_scores(model, layout: Layout, draft: Draft, groups: int = DEFAULT
             for m, where in positions.items()}, groups
 
 
+def remasked_probabilities(model, layout: Layout, draft: Draft, modality: str, indices: Sequence[int],
+                           cfg=None) -> tuple[torch.Tensor, int]:
+    """The probability the model gives each of the draft's ``modality`` tokens at ``indices`` (into
+    ``draft.tokens(layout)[modality]``) with those tokens re-masked together, everything else in view; one model
+    call. What a token the sampler did not commit (a word put in by a check) is given as its confidence."""
+    where = draft.content_positions(layout).get(modality)
+    if where is None:
+        raise InputError(f"the draft has no {modality} target")
+    index = torch.as_tensor(list(indices), dtype=torch.long)
+    if len(index) == 0 or int(index.min()) < 0 or int(index.max()) >= len(where):
+        raise InputError(f"indices must be 1 to {len(where)} positions among the draft's {modality} tokens, "
+                         f"got {list(indices)}")
+    forward = TargetForward(model, layout, draft, cfg)
+    positions = where[index]
+    ids = draft.target.ids.clone()
+    ids[positions] = MASK
+    t = torch.tensor([len(positions) / max(forward.n_slots, 1)])  # (1,)
+    log_probs, _ = forward(ids[None], t)  # (1, L, V)
+    picked = log_probs[0, positions.to(log_probs.device)]  # (n, V)
+    own = draft.target.ids[positions].to(picked.device)
+    return picked.gather(1, own[:, None])[:, 0].float().exp().cpu(), 1
+
+
 def content_scores(model, layout: Layout, draft: Draft, critic, groups: int = DEFAULT_GROUPS,
                    cfg=None) -> tuple[dict[str, torch.Tensor], int]:
     """Each content token's probability that its content is right (``critic``: a

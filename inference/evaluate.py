@@ -302,10 +302,22 @@ def effective_settings(results: Sequence) -> dict:
     defaults), as the results report them; the same for every result of a direction; with whether the model
     planned in words first (``plan``) and, if so, the text stage's own settings (``text_stage``)."""
     settings = (getattr(results[0], "settings", None) or {}) if results else {}
-    found = {k: settings[k] for k in (*SAMPLER_FIELDS, "plan") if k in settings}
+    found = {k: settings[k] for k in (*SAMPLER_FIELDS, "plan", "rivals") if k in settings}
     if "text_stage" in settings:
-        found["text_stage"] = {k: v for k, v in settings["text_stage"].items() if k in SAMPLER_FIELDS}
+        found["text_stage"] = {k: v for k, v in settings["text_stage"].items() if k in (*SAMPLER_FIELDS, "rivals")}
     return found
+
+
+def rival_counts(results: Sequence) -> dict | None:
+    """How many captions read from a picture (asked for, or a plan) were checked against their rival
+    (:mod:`unimodal.rivals`) and how often the rival was kept; None when none was checked."""
+    checks = [settings.get("rival_check") or (settings.get("text_stage") or {}).get("rival_check")
+              for settings in (getattr(r, "settings", None) or {} for r in results)]
+    checks = [c for c in checks if c]
+    if not checks:
+        return None
+    return {"checked": len(checks), "rival_kept": sum(c["kept"] == "rival" for c in checks),
+            "forward_passes": float(np.mean([c["forward_passes"] for c in checks]))}
 
 
 def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scores: Sequence[dict],
@@ -316,6 +328,7 @@ def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scor
     _, targets = parse_direction(direction)
     summary = {"n": len(scores), "forward_passes": float(np.mean([r.forward_passes for r in results])),
                "wall_s_per_sample": wall, "sampler": effective_settings(results),
+               **({"rival_check": rivals} if (rivals := rival_counts(results)) else {}),
                # per case, in case order: 1 right, 0 wrong, None not judged (for paired comparisons of two runs)
                "verdicts": verdicts_of([s.get("correct", s.get("consistent")) for s in scores])}
     errors = None  # per case, in case order: [errors, reference words]; each WER below is a ratio of their sums
@@ -620,6 +633,11 @@ def format_table(report: dict) -> str:
     for direction, fig in report["figures"].items():
         if fig.get("sampler"):
             lines.append(f"  {direction} sampled with {json.dumps(fig['sampler'])}")
+        if fig.get("rival_check"):
+            rivals = fig["rival_check"]
+            lines.append(f"  {direction}: {rivals['checked']} captions read from a picture checked against the relation "
+                         f"turned around, the rival kept {rivals['rival_kept']} times "
+                         f"({rivals['forward_passes']:.1f} passes a check, in the passes above)")
     for direction, fig in report["figures"].items():
         if fig.get("best_of"):
             curves = fig["best_of_by_reading"]

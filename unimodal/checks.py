@@ -37,7 +37,7 @@ INPUT_KEYS = MODALITIES
 PLANS = ("text", "text-only", "none")  # UniModal.generate's ``plan``
 SETTING_KEYS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "seed", "max_text_tokens",
                 "max_audio_seconds", "schedule", "block_length", "block_mode", "choice_temperature", "candidates",
-                "accept_confidence", "accept_agreement", "agreement", "plan", "refine", "repair")
+                "accept_confidence", "accept_agreement", "agreement", "plan", "refine", "repair", "rivals")
 GENERATE_KEYS = INPUT_KEYS + ("to", "out") + SETTING_KEYS
 MAX_CANDIDATES = 64  # draws of one request kept to the best: more is a batch job, not a request
 MAX_REFINE_ROUNDS = 32  # refine rounds after a generate request (each is a regeneration: more is a benchmark)
@@ -241,6 +241,14 @@ def check_repair_setting(value) -> bool:
     return value
 
 
+def check_rivals(value) -> bool:
+    """``rivals`` of a generate request: True or False (left out or None: the default, on for the
+    masked-diffusion model; :mod:`unimodal.rivals`)."""
+    if not isinstance(value, bool):
+        raise SettingError(f"rivals must be true or false, got {value!r}")
+    return value
+
+
 def check_repair_request(repair: bool, to, inputs) -> None:
     """``repair`` reads a picture back against the request it was drawn from: one picture made from a text or
     speech input (:mod:`unimodal.repair`)."""
@@ -331,6 +339,7 @@ _SETTING_CHECKS = {
     "candidates": check_candidates,
     "refine": check_refine_rounds,
     "repair": check_repair_setting,
+    "rivals": check_rivals,
     "accept_confidence": check_accept_confidence,
     "accept_agreement": check_accept_agreement,
     "agreement": check_agreement,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -72,6 +73,9 @@ def _add_sampling_flags(parser, temperature_default) -> None:
                         help="Gumbel noise on which slots are committed first, annealed to 0 (MaskGIT)")
     parser.add_argument("--block-length", type=int, default=None,
                         help="--mode semi_ar: slots per left-to-right block (--steps is then per block)")
+    parser.add_argument("--rivals", action=argparse.BooleanOptionalAction, default=None,
+                        help="a caption read from a picture that names two objects is checked against the same words "
+                             "with the relation turned around (default on; --no-rivals: as read)")
     parser.add_argument("--plan", default=None, choices=PLANS,
                         help="without a text input, the model writes its plan in words first, then the rest guided "
                              "by it and the inputs (text) or by it alone, one output at a time (text-only, the "

@@ -150,6 +150,28 @@ def parse_scene_caption(text: str) -> dict | None:
     return None
 
 
+# A relation read the other way: the same two objects, each on the other side of the other.
+INVERSE_SIDES = {"left": "right", "right": "left", "above": "below", "below": "above"}
+
+
+def inverse_relation(text: str) -> str | None:
+    """``text`` with its two objects' relation turned the other way ("left of" <-> "right of", "above" <->
+    "below"), every other character as it was; None when ``text`` does not state a two-object scene.
+
+    The rival of a caption read from a picture: the two say the same objects and differ only in which stands
+    where, the one thing a reader that sees both objects may still get backwards."""
+    attrs = parse_scene_caption(text)
+    if attrs is None or attrs["relation"] is None or len(text.lower()) != len(text):
+        return None
+    matches = list(_WORD.finditer(text.lower()))
+    _, start, _ = _find_relation(_words(text))
+    span = matches[start].span()
+    word = text[span[0]:span[1]]
+    side = INVERSE_SIDES[word.lower()]
+    side = side.upper() if word.isupper() and len(word) > 1 else side.capitalize() if word[0].isupper() else side
+    return text[:span[0]] + side + text[span[1]:]
+
+
 def parse_digit_caption(text: str) -> int | None:
     """The digit a caption names (as a word or a numeral), or None when it names none or several."""
     hits = [DIGIT_WORDS.index(w) if w in DIGIT_WORDS else int(w) for w in _words(text)

@@ -1,0 +1,151 @@
+"""A caption read from a picture checked against its rival (``UniModal.generate(rivals=...)``, :mod:`unimodal.rivals`):
+the rival is the same words with the relation turned around; the one the picture reads back better from is kept,
+with its passes counted, its trace in the settings, a plan checked before anything is made from it, and nothing
+checked where there is no picture or no rival. The tiny model is random, so which caption the picture "reads back
+better from" is the test's: the agreement score is replaced by one that prefers a caption of the test's choosing."""
+
+import json
+
+import numpy as np
+import pytest
+
+from unimodal.core.errors import SettingError
+from unimodal.core.grammar import inverse_relation, parse_scene_caption
+
+PAIR = "a small red circle above a large blue cross"
+RIVAL = "a small red circle below a large blue cross"
+
+
+def test_the_rival_turns_the_relation_around_and_keeps_every_other_character():
+    assert inverse_relation(PAIR) == RIVAL
+    assert inverse_relation("The picture shows a small red square to the LEFT of a large blue cross.") == \
+        "The picture shows a small red square to the RIGHT of a large blue cross."
+    assert inverse_relation("a large green triangle is to the right of a small purple circle") == \
+        "a large green triangle is to the left of a small purple circle"
+    for text in (PAIR, "there is a small yellow cross to the left of a large orange square"):
+        read, rival = parse_scene_caption(text), parse_scene_caption(inverse_relation(text))
+        assert rival["objects"] == read["objects"] and rival["relation"] != read["relation"]
+        assert inverse_relation(inverse_relation(text)) == text
+    for text in ("a small red circle on the left", "above", "a red circle above a cross", ""):
+        assert inverse_relation(text) is None  # one object, or no whole scene: no rival
+
+
+def test_the_setting_is_checked_and_the_twin_has_no_reading_back():
+    from unimodal.checks import check_settings
+    from unimodal.rivals import resolve_rivals
+
+    assert resolve_rivals(None, autoregressive=False) is True and resolve_rivals(None, autoregressive=True) is False
+    assert resolve_rivals(False, autoregressive=True) is False
+    with pytest.raises(SettingError, match="autoregressive twin"):
+        resolve_rivals(True, autoregressive=True)
+    for bad in ("yes", 1):
+        with pytest.raises(SettingError, match="rivals must be true or false"):
+            resolve_rivals(bad, autoregressive=False)
+        with pytest.raises(SettingError, match="rivals must be true or false"):
+            check_settings({"rivals": bad})
+    assert check_settings({"rivals": False}) == {"rivals": False}
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_caption_model_dir):
+    from unimodal import UniModal
+
+    return UniModal.from_pretrained(tiny_caption_model_dir)
+
+
+@pytest.fixture
+def picture():
+    from unimodal.training.data.scenes import render_scene
+
+    return render_scene(parse_scene_caption("a small red circle below a large blue cross"), np.random.default_rng(0))[0]
+
+
+def _prefer(monkeypatch, pipe, text):
+    """The agreement score gives 0 to ``text`` read back and -1 to any other caption; the captions it was asked
+    about are recorded."""
+    import unimodal.inference.critique as critique
+
+    asked = []
+
+    def score(model, layout, draft, cfg=None, reading="joint"):
+        caption = pipe.text_codec.decode_one(draft.tokens(layout)["text"])
+        asked.append(caption)
+        return (0.0 if caption == text else -1.0), 1
+
+    monkeypatch.setattr(critique, "agreement_score", score)
+    return asked
+
+
+def _reads_as(monkeypatch, pipe, caption):
+    """Every text the tiny model samples is ``caption``, as if it had written it (its tokens, confidence 0.9)."""
+    from dataclasses import replace
+
+    real = pipe._sample_prepared
+    ids = pipe.text_codec.encode_one(caption).tolist()
+
+    def sample(ready, settings, progress):
+        return [replace(r, text=caption, token_ids={**r.token_ids, "text": ids},
+                        confidence={**r.confidence, "text": [0.9] * len(ids)}) if "text" in r.token_ids else r
+                for r in real(ready, settings, progress)]
+
+    monkeypatch.setattr(pipe, "_sample_prepared", sample)
+
+
+def test_the_rival_is_kept_when_the_picture_reads_back_better_from_it(pipe, picture, monkeypatch):
+    _reads_as(monkeypatch, pipe, PAIR)
+    plain = pipe.generate(image=picture, to="text", steps=3, rivals=False)
+    assert plain.settings["rivals"] is False and "rival_check" not in plain.settings and plain.text == PAIR
+    asked = _prefer(monkeypatch, pipe, RIVAL)
+    result = pipe.generate(image=picture, to="text", steps=3)
+    check = result.settings["rival_check"]
+    assert asked == [PAIR, RIVAL] and check["kept"] == "rival" and check["agreement"] == [-1.0, 0.0]
+    assert result.text == RIVAL and result.settings["rivals"] is True
+    assert result.token_ids["text"] == pipe.text_codec.encode_one(RIVAL).tolist()
+    confidence = result.confidence["text"]
+    assert len(confidence) == len(result.token_ids["text"]) and all(0 <= c <= 1 for c in confidence)
+    # two reads and the rival's re-masked word: the passes of the same caption drawn unchecked, plus three
+    assert check["forward_passes"] == 3 and result.forward_passes == plain.forward_passes + 3
+    assert json.loads(json.dumps(result.settings["rival_check"])) == check
+
+
+def test_the_caption_is_kept_when_it_reads_back_better(pipe, picture, monkeypatch):
+    _reads_as(monkeypatch, pipe, PAIR)
+    plain = pipe.generate(image=picture, to="text", steps=3, rivals=False)
+    _prefer(monkeypatch, pipe, PAIR)
+    result = pipe.generate(image=picture, to="text", steps=3)
+    assert result.settings["rival_check"]["kept"] == "read" and result.forward_passes == plain.forward_passes + 2
+    assert result.text == plain.text and result.token_ids == plain.token_ids  # the model's own caption, untouched
+
+
+def test_a_plan_read_from_a_picture_is_checked_before_it_is_spoken(pipe, picture, monkeypatch):
+    _reads_as(monkeypatch, pipe, PAIR)
+    _prefer(monkeypatch, pipe, RIVAL)
+    result = pipe.generate(image=picture, to="audio", steps=3)
+    stage = result.settings["text_stage"]
+    assert stage["text"] == RIVAL and stage["rival_check"]["kept"] == "rival" and stage["rivals"] is True
+    assert stage["token_ids"] == pipe.text_codec.encode_one(RIVAL).tolist()  # the words the speech was made from
+    assert stage["forward_passes"] >= 3
+
+
+def test_nothing_is_checked_without_a_picture_or_without_a_rival(pipe, picture, monkeypatch):
+    asked = _prefer(monkeypatch, pipe, RIVAL)
+    spoken = pipe.generate(text=PAIR, to="image", steps=3)  # no caption read from a picture
+    assert "rivals" not in spoken.settings and "rival_check" not in spoken.settings
+    _reads_as(monkeypatch, pipe, "a small red circle on the left")  # one object: no rival
+    result = pipe.generate(image=picture, to="text", steps=3)
+    assert result.settings["rivals"] is True and "rival_check" not in result.settings and asked == []
+
+
+def test_the_cli_and_the_server_take_the_setting(pipe, picture, tmp_path, capsys, tiny_caption_model_dir):
+    from PIL import Image
+
+    from unimodal.checks import GENERATE_KEYS
+    from unimodal.cli import main
+
+    Image.fromarray(picture).save(tmp_path / "pair.png")
+    assert "rivals" in GENERATE_KEYS
+    for flag, expected in (("--no-rivals", False), ("--rivals", True)):
+        code = main(["generate", "--model", str(tiny_caption_model_dir), "--image", str(tmp_path / "pair.png"),
+                     "--to", "text", "--steps", "3", "--quiet", "--json", flag, "--out", str(tmp_path / "out")])
+        out = json.loads(capsys.readouterr().out)
+        assert code == 0 and out["settings"]["rivals"] is expected

@@ -1,0 +1,91 @@
+"""A caption read from a picture, checked against its rival: the same words with the relation turned around.
+
+Reading a picture of two objects, the model names both right far more often than it says which stands where: of
+the 39 test pictures the shipped model (soupc) read wrong greedily, 30 named both objects right and put them the
+other way round, and re-masking the relation word with the picture in view kept its word every time. Drawing is
+its strong direction (0.96 of test scenes judged right), and drawing knows where each object goes. So the
+check asks the drawing direction: the picture is read back from the caption and from its rival (every picture
+code masked, the caption in view: :func:`unimodal.inference.critique.agreement_score`, one pass each), and the
+caption under which the picture is likelier is kept. On the 200 test pictures: 0.805 -> 0.955, 30 captions
+fixed and none broken, at two passes a caption that names two objects (docs/results.md, "Reading pairs: the
+caption against its rival").
+
+The rival comes from the scene language (:func:`unimodal.core.grammar.inverse_relation`): a caption that does
+not state a two-object scene has none and is left as read. The confidence of a word the check put in is the
+model's probability of it with it re-masked, the picture and the rest of the caption in view (one more pass),
+not the sampler's: the sampler never committed it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+
+from unimodal.checks import check_rivals
+from unimodal.core.errors import SettingError
+from unimodal.core.grammar import inverse_relation
+from unimodal.results import GenerationResult
+from unimodal.tokenizers_mm.layout import MODALITIES
+
+RIVALS_DEFAULT = True  # the masked-diffusion model checks the captions it reads from pictures
+
+
+def resolve_rivals(rivals: bool | None, autoregressive: bool) -> bool:
+    """The setting that runs (``rivals`` True, False or None: the default), checked: the twin has no reading back, so asking it for the check is refused and the
+    default is off for it."""
+    if rivals is not None:
+        check_rivals(rivals)
+    if rivals and autoregressive:
+        raise SettingError("rivals reads the picture back with the masked-diffusion model; the autoregressive twin "
+                           "has no such reading (use rivals=False)")
+    return (RIVALS_DEFAULT and not autoregressive) if rivals is None else rivals
+
+
+def applies(conditions: Mapping) -> bool:
+    """Whether a caption made from these conditions (modality -> ids) can be checked: it was read from a
+    picture."""
+    return "image" in conditions
+
+
+def rival_checked(pipe, conditions: Mapping[str, torch.Tensor], caption: GenerationResult) -> GenerationResult:
+    """``caption`` (a result holding text alone, read from the picture among ``conditions``) or its rival,
+    whichever the picture reads back better from; ``settings["rival_check"]`` says what was compared, the two
+    scores and which was kept, and ``forward_passes`` counts the check. A caption with no rival is returned as
+    it is."""
+    from unimodal.inference.critique import agreement_score, make_draft, remasked_probabilities
+
+    rival = inverse_relation(caption.text or "")
+    if rival is None:
+        return caption
+    read_ids = torch.tensor(caption.token_ids["text"], dtype=torch.long)
+    rival_ids = pipe.text_codec.encode_one(rival).to(torch.long)
+    if len(rival_ids) > len(read_ids):  # the same words but one: never longer than what fitted the slots
+        return caption
+    shown = [(m, conditions[m]) for m in MODALITIES if m in conditions]
+    drafts = [make_draft(pipe.layout, shown, {"text": ids}) for ids in (read_ids, rival_ids)]
+    scores = [agreement_score(pipe.backbone, pipe.layout, draft) for draft in drafts]
+    passes = sum(calls for _, calls in scores)
+    kept = "rival" if scores[1][0] > scores[0][0] else "read"
+    trace = {"read": caption.text, "rival": rival, "agreement": [round(s, 6) for s, _ in scores], "kept": kept,
+             "forward_passes": passes}
+    token_ids, confidence = caption.token_ids, caption.confidence
+    if kept == "rival":
+        changed = [k for k in range(len(rival_ids))
+                   if k >= len(read_ids) or int(rival_ids[k]) != int(read_ids[k])]
+        probs, calls = remasked_probabilities(pipe.backbone, pipe.layout, drafts[1], "text", changed)
+        passes += calls
+        trace["forward_passes"] = passes
+        old = list(caption.confidence.get("text", []))
+        new = [old[k] if k < len(old) else 0.0 for k in range(len(rival_ids))]
+        for k, p in zip(changed, probs.tolist()):
+            new[k] = p
+        token_ids = {**caption.token_ids, "text": [int(i) for i in rival_ids]}
+        confidence = {**caption.confidence, "text": new}
+    return dataclasses.replace(caption, text=rival if kept == "rival" else caption.text, token_ids=token_ids,
+                               confidence=confidence, forward_passes=caption.forward_passes + passes,
+                               settings={**caption.settings, "rival_check": trace})
+
+
+__all__ = ["RIVALS_DEFAULT", "applies", "resolve_rivals", "rival_checked"]
