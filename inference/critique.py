@@ -35,12 +35,12 @@ import torch
 from unimodal.tokenizers_mm.layout import MASK, MODALITIES, Layout, Packed, Segment, collate
 from unimodal.inference.content import ContentCritic
 from unimodal.core.errors import InputError
-from unimodal.core.readings import MODEL_READINGS, check_agreement
+from unimodal.core.readings import AGREEMENTS, check_agreement
 
 CRITICS = ("learned", "confidence", "content", "content+learned", "random")
 CONTENT_CRITICS = ("content", "content+learned")  # the names made into a ContentCritic (they decode codes)
 HEAD_CRITICS = ("learned", "content+learned")  # the names that read the critic head (a trained one)
-AGREEMENT_READINGS = MODEL_READINGS  # agreement_score: all at once (the default), word by word (unimodal.core.readings)
+AGREEMENT_READINGS = AGREEMENTS  # agreement_score: all at once (the default), word by word (unimodal.core.readings)
 EACH_MAX_GROUPS = 32  # "each" reading: one pass per request token up to this many (a caption has fewer)
 DEFAULT_GROUPS = 4  # re-masking a quarter at a time keeps 3/4 of the context for each scored token
 DEFAULT_FRACTION = 0.25  # at most this share of a modality's tokens is flagged per critique
@@ -300,7 +300,7 @@ def agreement_score(model, layout: Layout, draft: Draft, cfg=None, reading: str 
     own tokens, not whether they show what was asked; on 64 test scenes with 4 pictures each (shipped model),
     it ranked a judged-right picture above a judged-wrong one of the same request in 46% of pairs, the joint
     reading in 72% (docs/results.md, "Keeping a round by agreement")."""
-    check_agreement(reading, error=InputError, name="reading", allowed=MODEL_READINGS)
+    check_agreement(reading, error=InputError, name="reading")
     if not draft.conditions:
         raise InputError("the agreement score reads the request back from the draft; this draft was generated "
                          "from no input (nothing to agree with)")
@@ -316,14 +316,6 @@ def agreement_score(model, layout: Layout, draft: Draft, cfg=None, reading: str 
         longest = max(len(where) for where in reading_draft.content_positions(layout).values())
         groups = max(1, min(longest, EACH_MAX_GROUPS))
     scores, calls = confidence_scores(model, layout, reading_draft, groups, cfg)
-    return sample_score(scores), calls
-
-
-def target_likelihood(model, layout: Layout, draft: Draft, cfg=None) -> tuple[float, int]:
-    """How likely the draft's content is under its conditions alone: every content token masked at once, the mean
-    log-probability the model gives the draft's own tokens (one pass). For a picture drawn from a prompt, how well
-    the prompt predicts the picture; compared across prompts it is the drawing direction's vote for one of them."""
-    scores, calls = confidence_scores(model, layout, draft, 1, cfg)
     return sample_score(scores), calls
 
 
@@ -540,6 +532,6 @@ def remasked(layout: Layout, draft: Draft, selection: Mapping[str, torch.Tensor]
     return ids
 
 
-__all__ = ["AGREEMENT_READINGS", "CONFIDENCE_THRESHOLDS", "CONTENT_CRITICS", "CRITICS", "HEAD_CRITICS", "Draft", "EACH_MAX_GROUPS", "TargetForward", "agreement_score", "confidence_scores", "remasked_probabilities", "target_likelihood", "content_with_head_scores", "flagged", "flags_of", "learned_scores", "make_critic",
+__all__ = ["AGREEMENT_READINGS", "CONFIDENCE_THRESHOLDS", "CONTENT_CRITICS", "CRITICS", "HEAD_CRITICS", "Draft", "EACH_MAX_GROUPS", "TargetForward", "agreement_score", "confidence_scores", "remasked_probabilities", "content_with_head_scores", "flagged", "flags_of", "learned_scores", "make_critic",
            "make_draft", "random_scores", "region_indices", "regions_from_flags", "remasked", "sample_score",
            "selection_of", "text_offsets", "thresholds_for"]

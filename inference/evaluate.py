@@ -430,7 +430,7 @@ def every_draw_figures(by_draw: Sequence[Sequence[dict]], meta: Sequence[Mapping
     per_draw = [verdicts_of([score.get("correct") for score in judged]) for judged in by_draw]
     by_case = [[per_draw[k][i] for k in range(len(by_draw))] for i in range(len(meta))]
     draw_passes = [float(np.mean(m["draw_passes"])) for m in meta]
-    # best_of reads every draw in every reading its request allows ("rivals" needs a digit or scene prompt)
+    # best_of reads every draw in every reading (only those every case was read in make a curve)
     readings = [r for r in meta[0]["by_reading"] if all(r in m["by_reading"] for m in meta)]
     curves = {r: best_of_curve(by_case, [m["by_reading"][r]["agreement"] for m in meta], draw_passes,
                                float(np.mean([m["by_reading"][r]["read_passes"] for m in meta]))) for r in readings}
@@ -444,15 +444,6 @@ def every_draw_figures(by_draw: Sequence[Sequence[dict]], meta: Sequence[Mapping
             "detection": detection, "draws": [{"verdicts": v, "agreement": m["agreement"],
                        "by_reading": {r: m["by_reading"][r]["agreement"] for r in readings}}
                       for v, m in zip(by_case, meta)]}
-
-
-def check_rival_directions(agreement: str | None, directions: Sequence[str]) -> None:
-    """``agreement="rivals"`` chooses among pictures drawn from a prompt in words: refused, before the model loads,
-    when a direction asked is not text->image."""
-    others = [d for d in directions if d != "text->image"]
-    if agreement == "rivals" and others:
-        raise InputError(f"--agreement rivals chooses among pictures drawn from a text prompt (text->image); "
-                         f"{', '.join(others)} draws none: run it apart, or choose by joint or each")
 
 
 def check_every_draw(every_draw: bool, candidates: int | None, accept_confidence: float | None,
@@ -500,7 +491,6 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
                      (settings or {}).get("accept_agreement"))
     # what the CLI's checks refuse before the model loads, for Python callers (one draw drops it unread)
     check_agreement((settings or {}).get("agreement"), (settings or {}).get("candidates") or 1)
-    check_rival_directions((settings or {}).get("agreement"), directions)
     if not cases:
         raise InputError("unimodal eval needs at least one case")
     check_repair(repair, directions)
@@ -739,7 +729,7 @@ def _json_default(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-__all__ = ["CHOOSING_SETTINGS", "DIRECTIONS", "EvalCase", "Judges", "best_of_curve", "caption_correct", "check_every_draw", "check_rival_directions",
+__all__ = ["CHOOSING_SETTINGS", "DIRECTIONS", "EvalCase", "Judges", "best_of_curve", "caption_correct", "check_every_draw",
            "compare_reports", "evaluate", "every_draw_figures", "format_comparison", "format_table", "joint_consistency", "plot_best_of",
            "judge_image", "model_hash", "paired_difference", "parse_direction", "reference_figures", "save_report",
            "score_direction", "shell_hint", "sign_test", "summarize", "verdicts_of"]

@@ -108,7 +108,7 @@ def test_generate_is_listed_with_a_schema_for_every_argument(seen):
     assert all(properties[name].get("description") for name in expected)
     assert {"minimum": 1, "type": "integer"} in properties["steps"]["anyOf"]
     assert {"enum": ["text", "text-only", "none"], "type": "string"} in properties["plan"]["anyOf"]
-    assert {"enum": ["joint", "each", "rivals"], "type": "string"} in properties["agreement"]["anyOf"]
+    assert {"enum": ["joint", "each"], "type": "string"} in properties["agreement"]["anyOf"]
     assert {"minimum": 0, "maximum": 32, "type": "integer"} in properties["refine"]["anyOf"]
     assert {"type": "boolean"} in properties["repair"]["anyOf"]
 

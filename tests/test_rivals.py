@@ -7,7 +7,6 @@ better from" is the test's: the agreement score is replaced by one that prefers 
 import json
 
 import numpy as np
-import torch
 import pytest
 
 from unimodal.core.errors import SettingError
@@ -150,71 +149,3 @@ def test_the_cli_and_the_server_take_the_setting(pipe, picture, tmp_path, capsys
                      "--to", "text", "--steps", "3", "--quiet", "--json", flag, "--out", str(tmp_path / "out")])
         out = json.loads(capsys.readouterr().out)
         assert code == 0 and out["settings"]["rivals"] is expected
-
-
-def test_rival_prompts_name_another_digit_shape_or_colour_in_the_same_words():
-    from unimodal.core.grammar import COLORS, SHAPES, rival_prompts
-
-    digits = rival_prompts("the number seven written by hand")
-    assert len(digits) == 9 and "the number one written by hand" in digits and "the number seven written by hand" not in digits
-    assert rival_prompts("a hand drawn 7") == [f"a hand drawn {d}" for d in range(10) if d != 7]
-    one = rival_prompts("a small red circle on the left")
-    assert len(one) == (len(SHAPES) - 1) + (len(COLORS) - 1) and "a small red cross on the left" in one
-    assert "a small blue circle on the left" in one and all(r != "a small red circle on the left" for r in one)
-    pair = rival_prompts(PAIR)
-    assert len(pair) == 2 * ((len(SHAPES) - 1) + (len(COLORS) - 1))
-    assert "a small red circle above a large blue square" in pair and "a small green circle above a large blue cross" in pair
-    assert all(parse_scene_caption(r)["relation"] == "above" for r in pair)  # the relation is never a rival's change
-    assert rival_prompts("a red circle") == [] and rival_prompts("hello") == []
-
-
-def test_candidates_chosen_by_rivals_keep_the_picture_with_the_widest_margin(pipe, monkeypatch):
-    """agreement="rivals": each draw scored by its margin over its prompt's rivals (one pass per prompt), the widest
-    kept; with accept_agreement=0 the first no rival beats stops the drawing."""
-    from unimodal.inference.critique import make_draft, target_likelihood
-    from unimodal.core.grammar import rival_prompts
-    from unimodal.rivals import rival_margin
-
-    prompt = "a small red circle on the left"
-    draws = [pipe.generate(text=prompt, to="image", steps=3, seed=5 + k) for k in range(3)]
-
-    def margin(draw):
-        picture = {"image": torch.tensor(draw.token_ids["image"])}
-        own, *rivals = [target_likelihood(pipe.backbone, pipe.layout, make_draft(
-            pipe.layout, [("text", pipe.text_codec.encode_one(t))], picture))[0] for t in (prompt, *rival_prompts(prompt))]
-        return own - max(rivals)
-
-    margins = [margin(d) for d in draws]
-    from unimodal.refine import draft_of
-    assert rival_margin(pipe, draft_of(pipe, draws[0], {"text": prompt}), prompt) == \
-        pytest.approx((margins[0], 9), abs=1e-5)
-    best = pipe.generate(text=prompt, to="image", steps=3, seed=5, candidates=3, agreement="rivals")
-    chosen = best.settings["candidates"]
-    assert chosen["reading"] == "rivals" and chosen["agreement"] == pytest.approx(margins, abs=1e-5)
-    assert chosen["kept"] == int(np.argmax(margins)) and best.token_ids == draws[chosen["kept"]].token_ids
-    assert best.forward_passes == sum(d.forward_passes for d in draws) + 3 * 9  # 1 + 8 rivals read per draw
-    until = pipe.generate(text=prompt, to="image", steps=3, seed=5, candidates=3, agreement="rivals",
-                          accept_agreement=0.0)
-    stop = next((k for k, m in enumerate(margins) if m >= 0), None)
-    assert until.settings["candidates"]["drawn"] == (3 if stop is None else stop + 1)
-
-
-def test_rivals_as_a_chooser_is_refused_where_no_rival_prompt_exists(pipe, picture):
-    for request in ({"text": "a glowing orb"}, {"text": "a red circle on the left", "to": "text"},
-                    {"image": picture, "to": "text", "temperature": 0.7}):
-        with pytest.raises(SettingError, match="agreement='rivals'"):
-            pipe.generate(**{"to": "image", **request}, candidates=2, agreement="rivals")
-    with pytest.raises(SettingError, match="needs candidates > 1"):
-        pipe.generate(text="the digit seven", to="image", agreement="rivals")
-    from unimodal.inference.critique import agreement_score
-    from unimodal.core.errors import InputError
-    with pytest.raises(InputError, match="reading must be one of"):
-        agreement_score(pipe.backbone, pipe.layout, None, reading="rivals")
-
-
-def test_eval_refuses_rivals_for_a_direction_that_draws_no_picture_from_words(capsys):
-    from unimodal.cli import main
-
-    code = main(["eval", "--data", "scenes", "--n", "2", "--directions", "text->image,image->text", "--candidates", "2",
-                 "--agreement", "rivals", "--model", "/nonexistent"])
-    assert code != 0 and "--agreement rivals chooses among pictures drawn from a text prompt" in capsys.readouterr().err

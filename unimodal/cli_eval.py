@@ -27,8 +27,8 @@ def _directions(text: str, known) -> list[str]:
 
 
 def _cmd_eval(args) -> int:
-    from unimodal.inference.evaluate import (DIRECTIONS, check_every_draw, check_repair, check_rival_directions,
-                                             evaluate, format_table, model_hash, save_report)
+    from unimodal.inference.evaluate import (DIRECTIONS, check_every_draw, check_repair, evaluate, format_table,
+                                             model_hash, save_report)
     from unimodal.eval_cases import load_cases
     from unimodal.serve import load_pipeline, resolve_model_dir
 
@@ -39,7 +39,6 @@ def _cmd_eval(args) -> int:
     check_every_draw(args.every_draw, args.candidates, args.accept_confidence,  # before the model loads
                      args.accept_agreement)
     check_repair(args.repair, directions)
-    check_rival_directions(settings.get("agreement"), directions)
     model_dir = resolve_model_dir(args.model)
     pipe = load_pipeline(model_dir, args.device)
     needs_speech = any("audio" in d or d == "joint" for d in directions)
@@ -111,11 +110,10 @@ def add_eval_command(sub) -> None:
                     "candidates one at a time and keep the first whose agreement score (mean log-probability of the "
                     "input read back, e.g. -0.3) reaches this, else the best of them all")
     ev.add_argument("--agreement", default=None, choices=AGREEMENTS, help="with --candidates: how each draw is read "
-                    "back to choose one (generate --agreement): joint (default), each or rivals (pictures from digit or "
-                    "scene prompts: the margin over the prompt naming another digit, shape or colour)")
+                    "back to choose one (generate --agreement): joint (default) or each")
     ev.add_argument("--every-draw", action="store_true", help="with --candidates N: judge every draw, not only "
                     "the kept one, and print what best-of-k reaches for each k up to N, chosen by each reading "
-                    "(--agreement joint and each, and rivals where the prompts allow; one run, N draws a case)")
+                    "(--agreement joint and each; one run, N draws a case)")
     ev.add_argument("--refine-rounds", type=int, default=0, help="then refine each output against its input for "
                     "up to this many rounds, with refine's defaults for that output (a caption read from a picture: "
                     "doubtful words redrawn and kept by agreement), and judge it as refined; joint is not refined")

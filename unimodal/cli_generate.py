@@ -63,10 +63,8 @@ def add_generate_commands(sub) -> None:
                      "e.g. -0.3) reaches this, drawing no more; else the best of them all")
     gen.add_argument("--agreement", default=None, choices=AGREEMENTS,
                      help="with --candidates: how each draw is read back to choose one: joint (the whole input "
-                          "masked at once, one pass; the default), each (each input token masked alone, a pass a "
-                          "token: the words that name the content decide) or rivals (a picture from a digit or scene "
-                          "prompt: its margin over the same words naming another digit, shape or colour; "
-                          "--accept-agreement 0 stops at the first picture no rival beats)")
+                          "masked at once, one pass; the default) or each (each input token masked alone, a pass a "
+                          "token: the words that name the content decide)")
     gen.add_argument("--refine", type=int, default=None, metavar="ROUNDS",
                      help="then refine the output against the inputs for this many rounds (re-mask what the model "
                           "doubts, regenerate it, keep a round only if it reads better; a caption of a picture "

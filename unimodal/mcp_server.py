@@ -138,12 +138,9 @@ def generate_tool(runner: Runner):
             le=0, description="with candidates: draw one at a time and keep the first whose agreement score (the "
                               "input read back from it, mean log-probability, e.g. -0.3) reaches this; else the "
                               "best of them all. Not with accept_confidence")] = None,
-        agreement: Annotated[Literal["joint", "each", "rivals"] | None, Field(
+        agreement: Annotated[Literal["joint", "each"] | None, Field(
             description="with candidates: how each draw is read back to choose one: joint (the whole input at "
-                        "once, the default), each (input token by token: the words naming the content decide) or "
-                        "rivals (a picture from a digit or scene prompt: how much likelier it is under the prompt "
-                        "than under the same words naming another digit, shape or colour; with accept_agreement=0 "
-                        "drawing stops at the first picture no rival beats)")] = None,
+                        "once, the default) or each (input token by token: the words naming the content decide)")] = None,
         refine: Annotated[int | None, Field(
             ge=0, le=MAX_REFINE_ROUNDS,
             description="then refine the output against the inputs for this many rounds: re-mask what the model "

@@ -58,8 +58,7 @@ from unimodal.core.seeds import check_seed, check_seed_room, fresh_seed
 from unimodal.inputs import as_audio, as_image, as_text
 from unimodal.core.int8 import load_pretrained
 from unimodal.results import GenerationResult
-from unimodal.rivals import (applies as rivals_apply, check_rival_request, resolve_rivals, rival_checked,
-                             rival_margin)
+from unimodal.rivals import applies as rivals_apply, resolve_rivals, rival_checked
 
 PIPELINE_INDEX = "model_index.json"
 TRAINING_CONFIG = "training_config.json"
@@ -334,7 +333,6 @@ class UniModal(DiffusionPipeline):
         accept_confidence = check_accept_confidence(accept_confidence, check_candidates(candidates))
         accept_agreement = check_accept_agreement(accept_agreement, candidates, accept_confidence)
         agreement = check_agreement(agreement, candidates)
-        check_rival_request(agreement, text, to)
         if candidates == 1:
             return self.generate_batch([request], seed=seed, progress=progress, **sampling)[0]
         return self._best_of(request, candidates, seed, progress, sampling, accept_confidence, agreement=agreement,
@@ -355,9 +353,8 @@ class UniModal(DiffusionPipeline):
                        max_audio_seconds=max_audio_seconds)
         if check_candidates(candidates) < 2:
             raise SettingError(f"best_of chooses among draws: candidates must be >= 2, got {candidates}")
-        agreement = check_agreement(agreement, candidates)
-        check_rival_request(agreement, text, to)
-        return self._best_of(request, candidates, seed, progress, sampling, keep_draws=True, agreement=agreement)
+        return self._best_of(request, candidates, seed, progress, sampling, keep_draws=True,
+                             agreement=check_agreement(agreement, candidates))
 
     def _best_of(self, request: dict, candidates: int, seed: int | None, progress: bool,
                  sampling: Mapping, accept_confidence: float | None = None, keep_draws: bool = False,
@@ -367,7 +364,7 @@ class UniModal(DiffusionPipeline):
         ``accept_agreement``, drawn and read one at a time, the first whose score reaches it.
         ``keep_draws``: return (the kept result, every draw) instead of the kept result alone, and read every draw
         in every reading."""
-        from unimodal.inference.critique import (AGREEMENT_READINGS, DEFAULT_GROUPS,
+        from unimodal.inference.critique import (AGREEMENT_READINGS, DEFAULT_GROUPS, agreement_score,
                                                  confidence_scores, sample_score)
         from unimodal.refine import draft_of
 
@@ -403,9 +400,10 @@ class UniModal(DiffusionPipeline):
             with self._lock:
                 drafts += [draft_of(self, draw, inputs) for draw in rest]
             draws += rest
-        readings = (*AGREEMENT_READINGS, *(["rivals"] if _has_rivals(request) else [])) if keep_draws else (agreement,)
+        readings = AGREEMENT_READINGS if keep_draws else (agreement,)
         with self._lock:
-            by_reading = {r: [self._agreement(draft, r, request) for draft in drafts] for r in readings}
+            by_reading = {r: [agreement_score(self.backbone, self.layout, draft, reading=r) for draft in drafts]
+                          for r in readings}
         read = by_reading[agreement]
         scores = [score for score, _ in read]
         kept = max(range(candidates), key=scores.__getitem__)
@@ -421,27 +419,19 @@ class UniModal(DiffusionPipeline):
                 for r, reads in by_reading.items()}
         return (best, draws) if keep_draws else best
 
-    def _agreement(self, draft, reading: str, request: Mapping) -> tuple[float, int]:
-        """A draw's agreement score read ``reading``'s way, and its passes: ``"rivals"`` the picture's margin over its
-        prompt's rivals (:func:`unimodal.rivals.rival_margin`), else the model's reading of the request back from it
-        (:func:`unimodal.inference.critique.agreement_score`)."""
-        from unimodal.inference.critique import agreement_score
-
-        if reading == "rivals":
-            return rival_margin(self, draft, request["text"])
-        return agreement_score(self.backbone, self.layout, draft, reading=reading)
-
     def _draw_until_agreed(self, requests: Sequence[dict], inputs: dict, progress: bool, sampling: Mapping,
                            agreement: str, accept_agreement: float) -> GenerationResult:
         """Draw ``requests`` (one per seed) one at a time, each read back as it comes; keep the first whose
         agreement score reaches ``accept_agreement`` (the best of all when none does)."""
+        from unimodal.inference.critique import agreement_score
         from unimodal.refine import draft_of
 
         draws, scores, read_passes = [], [], 0
         for request in requests:
             draw = self.generate_batch([request], progress=progress, **sampling)[0]
             with self._lock:
-                score, calls = self._agreement(draft_of(self, draw, inputs), agreement, requests[0])
+                score, calls = agreement_score(self.backbone, self.layout, draft_of(self, draw, inputs),
+                                               reading=agreement)
             draws.append(draw)
             scores.append(score)
             read_passes += calls
@@ -856,15 +846,6 @@ class _Prepared:
         derived.inputs, derived.conditions, derived.native = self.inputs, dict(self.conditions), self.native
         derived.target_segments, derived.seed = list(segments), self.seed
         return derived
-
-
-def _has_rivals(request: Mapping) -> bool:
-    """Whether a request can be read back against rival prompts: a picture alone drawn from a digit or scene caption."""
-    try:
-        check_rival_request("rivals", request.get("text"), request.get("to"))
-    except SettingError:
-        return False
-    return True
 
 
 def _plans_in_text(item: _Prepared) -> bool:

@@ -25,7 +25,7 @@ import torch
 
 from unimodal.checks import check_rivals
 from unimodal.core.errors import SettingError
-from unimodal.core.grammar import inverse_relation, rival_prompts
+from unimodal.core.grammar import inverse_relation
 from unimodal.results import GenerationResult
 from unimodal.tokenizers_mm.layout import MODALITIES
 
@@ -88,40 +88,4 @@ def rival_checked(pipe, conditions: Mapping[str, torch.Tensor], caption: Generat
                                settings={**caption.settings, "rival_check": trace})
 
 
-def check_rival_request(agreement: str, text, to) -> None:
-    """``agreement="rivals"`` compares a picture's prompt with its rival prompts: a text prompt the rivals can be made
-    from (a digit or scene caption) and a picture alone to draw; refused before anything is drawn otherwise."""
-    if agreement != "rivals":
-        return
-    targets = [to] if isinstance(to, str) else list(to)
-    if targets != ["image"] or not isinstance(text, str):
-        raise SettingError(f"agreement='rivals' chooses among pictures drawn from a text prompt (text=..., "
-                           f"to='image'); this request has text={'given' if text is not None else 'none'}, to={to!r}")
-    if not rival_prompts(text):
-        raise SettingError(f"agreement='rivals' compares the prompt with the same words naming another digit, shape "
-                           f"or colour; {text!r} states no digit or scene the model's language knows (use "
-                           f"agreement='joint' or 'each')")
-
-
-def rival_margin(pipe, draft, prompt: str) -> tuple[float, int]:
-    """How much likelier the picture of ``draft`` is under ``prompt`` than under the likeliest of its rival prompts
-    (:func:`unimodal.core.grammar.rival_prompts`: another digit, or one object's other shape or colour): each prompt
-    given alone, every picture code masked (:func:`unimodal.inference.critique.target_likelihood`, one pass each).
-    Below 0: a rival is likelier, the picture shows something else. Returns (margin, forward passes).
-
-    The drawing direction's vote: on 120 of soupc's digit test pictures it told a judged-wrong digit from a right one
-    with AUROC 0.94, where reading the prompt back word by word told them with 0.87 (docs/results.md, "Drawing
-    until no rival prompt is likelier")."""
-    from unimodal.inference.critique import make_draft, target_likelihood
-
-    rivals = rival_prompts(prompt)
-    if not rivals:
-        raise SettingError(f"no rival prompts can be made from {prompt!r} (a digit or scene caption is needed)")
-    picture = draft.tokens(pipe.layout)
-    scores = [target_likelihood(pipe.backbone, pipe.layout,
-                                make_draft(pipe.layout, [("text", pipe.text_codec.encode_one(text))], picture))[0]
-              for text in (prompt, *rivals)]
-    return scores[0] - max(scores[1:]), len(scores)
-
-
-__all__ = ["RIVALS_DEFAULT", "applies", "check_rival_request", "resolve_rivals", "rival_checked", "rival_margin"]
+__all__ = ["RIVALS_DEFAULT", "applies", "resolve_rivals", "rival_checked"]

@@ -172,35 +172,6 @@ def inverse_relation(text: str) -> str | None:
     return text[:span[0]] + side + text[span[1]:]
 
 
-def rival_prompts(text: str) -> list[str]:
-    """Prompts that differ from ``text`` in one thing a picture shows: a digit caption naming each other digit (a word
-    for a word, a numeral for a numeral), a scene caption with one object's shape or colour changed to each other
-    one; every other character as it was. Empty when ``text`` states no digit or scene. A picture drawn from ``text``
-    that is likelier under one of these than under ``text`` shows the rival, not the prompt."""
-    lowered = text.lower()
-    if len(lowered) != len(text):
-        return []
-    matches = list(_WORD.finditer(lowered))
-    words = [AMERICAN_SPELLING.get(m.group(), m.group()) for m in matches]
-
-    def swapped(k: int, new: str) -> str:
-        start, end = matches[k].span()
-        return text[:start] + new + text[end:]
-
-    if parse_digit_caption(text) is not None:
-        k = next(i for i, w in enumerate(words) if w in DIGIT_WORDS or (w.isdigit() and len(w) == 1))
-        others = ([w for w in DIGIT_WORDS if w != words[k]] if words[k] in DIGIT_WORDS
-                  else [str(d) for d in range(10) if str(d) != words[k]])
-        return [swapped(k, other) for other in others]
-    if parse_scene_caption(text) is None:
-        return []
-    rivals = []
-    for vocabulary in (SHAPES, tuple(COLORS)):
-        for k in (i for i, w in enumerate(words) if w in vocabulary):  # each object's word, in order
-            rivals += [swapped(k, other) for other in vocabulary if other != words[k]]
-    return rivals
-
-
 def parse_digit_caption(text: str) -> int | None:
     """The digit a caption names (as a word or a numeral), or None when it names none or several."""
     hits = [DIGIT_WORDS.index(w) if w in DIGIT_WORDS else int(w) for w in _words(text)
