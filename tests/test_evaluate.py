@@ -268,6 +268,24 @@ def test_eval_semi_ar_flags_reach_the_sampler(caption_model, tmp_path, capsys):
     assert (used["mode"], used["block_length"]) == ("semi_ar", 4)
 
 
+def test_eval_hears_the_captions_in_the_voices_asked_and_refuses_voices_without_speech(caption_model, tmp_path, capsys):
+    from unimodal.eval_cases import load_cases
+
+    args = ["eval", "--model", str(caption_model), "--data", "scenes", "--n", "2", "--directions", "audio->text",
+            "--steps", "2", "--voices", "clear", "--out", str(tmp_path / "e")]
+    assert main(args) == 0
+    assert "spoken in the clear voices" in capsys.readouterr().out
+    assert json.loads((tmp_path / "e" / "eval.json").read_text())["voices"] == "clear"
+    clear, _ = load_cases("scenes", "test", 1, voices="clear")
+    varied, _ = load_cases("scenes", "test", 1)
+    assert clear[0].text == varied[0].text and not np.array_equal(clear[0].audio, varied[0].audio)
+    for voices, directions, expected in (("clear", "image->text", "no direction asked"),
+                                         ("loud", "audio->text", "--voices must be one of")):
+        code = main(["eval", "--model", str(caption_model), "--data", "scenes", "--n", "2", "--directions", directions,
+                     "--voices", voices, "--out", str(tmp_path / "x")])
+        assert code != 0 and expected in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
 def test_eval_with_candidates_judges_the_kept_draw(caption_model, tmp_path, capsys, monkeypatch):
     """--candidates reaches generate for every case of a direction with an input; joint is sampled as usual."""
     from unimodal.pipeline import UniModal

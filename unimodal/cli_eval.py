@@ -31,6 +31,7 @@ def _cmd_eval(args) -> int:
                                              model_hash, save_report)
     from unimodal.eval_cases import load_cases
     from unimodal.serve import load_pipeline, resolve_model_dir
+    from unimodal.training.data.speech import check_voices
 
     directions = _directions(args.directions, DIRECTIONS)
     settings = _settings(args)
@@ -39,10 +40,14 @@ def _cmd_eval(args) -> int:
     check_every_draw(args.every_draw, args.candidates, args.accept_confidence,  # before the model loads
                      args.accept_agreement)
     check_repair(args.repair, directions)
+    needs_speech = any("audio" in d or d == "joint" for d in directions)
+    check_voices(args.voices)
+    if args.voices != "varied" and not needs_speech:
+        raise InputError(f"--voices {args.voices} speaks the test captions; no direction asked ({', '.join(directions)}) "
+                         f"hears or speaks speech")
     model_dir = resolve_model_dir(args.model)
     pipe = load_pipeline(model_dir, args.device)
-    needs_speech = any("audio" in d or d == "joint" for d in directions)
-    cases, notes = load_cases(args.data, args.split, args.n, speech=needs_speech)
+    cases, notes = load_cases(args.data, args.split, args.n, speech=needs_speech, voices=args.voices)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     report = evaluate(pipe, cases, directions, settings, seed=args.seed, batch_size=args.batch_size,
@@ -50,9 +55,10 @@ def _cmd_eval(args) -> int:
                       joint_n=args.joint_n, refine_rounds=args.refine_rounds, every_draw=args.every_draw,
                       repair=args.repair)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), data=args.data, split=args.split,
-                  n_per_data_set=args.n, joint_n=args.joint_n, notes=notes)
+                  n_per_data_set=args.n, joint_n=args.joint_n, notes=notes, voices=args.voices)
     print(format_table(report))
-    print(f"model {model_dir} (hash {report['model_hash']}), data {args.data}, split {args.split}")
+    spoken = f", spoken in the {args.voices} voices" if needs_speech else ""
+    print(f"model {model_dir} (hash {report['model_hash']}), data {args.data}, split {args.split}{spoken}")
     for path in save_report(report, args.out):
         print(path)
     return 0
@@ -117,6 +123,9 @@ def add_eval_command(sub) -> None:
     ev.add_argument("--refine-rounds", type=int, default=0, help="then refine each output against its input for "
                     "up to this many rounds, with refine's defaults for that output (a caption read from a picture: "
                     "doubtful words redrawn and kept by agreement), and judge it as refined; joint is not refined")
+    ev.add_argument("--voices", default="varied", help="the eSpeak voices the test captions are spoken in: varied (the "
+                    "default, the voices audio->text learns to understand) or clear (the same captions in the few "
+                    "voices the speech judge hears best); refused when no direction asked hears or speaks speech")
     ev.add_argument("--repair", action="store_true", help="text->image and audio->image: read each picture back "
                     "with the model and change each colour, size or place the reading gets otherwise than the "
                     "request (the caption, or the model's transcript of the speech) by an instructed edit from the "
