@@ -313,11 +313,12 @@ def rival_counts(results: Sequence) -> dict | None:
     (:mod:`unimodal.rivals`) and how often the rival was kept; None when none was checked."""
     checks = [settings.get("rival_check") or (settings.get("text_stage") or {}).get("rival_check")
               for settings in (getattr(r, "settings", None) or {} for r in results)]
-    checks = [c for c in checks if c]
-    if not checks:
+    skipped = sum(bool(c and "skipped" in c) for c in checks)  # a rival longer than the text slots
+    checks = [c for c in checks if c and "kept" in c]
+    if not checks and not skipped:
         return None
-    return {"checked": len(checks), "rival_kept": sum(c["kept"] == "rival" for c in checks),
-            "forward_passes": float(np.mean([c["forward_passes"] for c in checks]))}
+    return {"checked": len(checks), "rival_kept": sum(c["kept"] == "rival" for c in checks), "skipped": skipped,
+            "forward_passes": float(np.mean([c["forward_passes"] for c in checks])) if checks else 0.0}
 
 
 def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scores: Sequence[dict],
@@ -430,8 +431,7 @@ def every_draw_figures(by_draw: Sequence[Sequence[dict]], meta: Sequence[Mapping
     per_draw = [verdicts_of([score.get("correct") for score in judged]) for judged in by_draw]
     by_case = [[per_draw[k][i] for k in range(len(by_draw))] for i in range(len(meta))]
     draw_passes = [float(np.mean(m["draw_passes"])) for m in meta]
-    # best_of reads every draw in every reading (only those every case was read in make a curve)
-    readings = [r for r in meta[0]["by_reading"] if all(r in m["by_reading"] for m in meta)]
+    readings = list(meta[0]["by_reading"])  # best_of reads every draw in every reading
     curves = {r: best_of_curve(by_case, [m["by_reading"][r]["agreement"] for m in meta], draw_passes,
                                float(np.mean([m["by_reading"][r]["read_passes"] for m in meta]))) for r in readings}
     detection = {}

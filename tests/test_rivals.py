@@ -149,3 +149,28 @@ def test_the_cli_and_the_server_take_the_setting(pipe, picture, tmp_path, capsys
                      "--to", "text", "--steps", "3", "--quiet", "--json", flag, "--out", str(tmp_path / "out")])
         out = json.loads(capsys.readouterr().out)
         assert code == 0 and out["settings"]["rivals"] is expected
+
+
+def test_a_rival_longer_than_the_text_slots_is_skipped_and_said(pipe, picture, monkeypatch):
+    import unimodal.rivals as rivals
+
+    long = "a small red circle below a large blue cross " + "very " * 40
+    monkeypatch.setattr(rivals, "inverse_relation", lambda text: long)
+    _reads_as(monkeypatch, pipe, PAIR)
+    plain = pipe.generate(image=picture, to="text", steps=3, rivals=False)
+    result = pipe.generate(image=picture, to="text", steps=3)
+    check = result.settings["rival_check"]
+    assert "skipped" in check and check["forward_passes"] == 0 and result.forward_passes == plain.forward_passes
+    assert result.text == PAIR and result.token_ids == plain.token_ids
+
+
+def test_bench_refine_starts_from_the_caption_as_read(pipe, picture, monkeypatch):
+    """bench refine measures refine from the model's own caption: its first draws are made without the check."""
+    from types import SimpleNamespace
+
+    from unimodal.bench_refine import _base, _Direction
+
+    _reads_as(monkeypatch, pipe, PAIR)
+    asked = _prefer(monkeypatch, pipe, RIVAL)
+    (first,) = _base(pipe, [SimpleNamespace(image=picture)], seed=0, batch_size=4, direction=_Direction("image->text"))
+    assert first.text == PAIR and first.settings["rivals"] is False and asked == []

@@ -73,7 +73,9 @@ def _base(pipe, cases, seed: int, batch_size: int, direction: _Direction | None 
           temperature: float | None = None) -> list:
     direction = direction or _Direction("text->image")
     requests = [direction.request(c, seed + i) for i, c in enumerate(cases)]
-    sampling = {} if temperature is None else {"temperature": temperature}
+    # captions as read: refine (and best-of-N) are measured from the model's own caption, not from one already
+    # checked against its rival (generate's default, unimodal.rivals), so the bench's figures stay those of refine
+    sampling = {"rivals": False, **({} if temperature is None else {"temperature": temperature})}
     return [r for first in range(0, len(requests), batch_size)
             for r in pipe.generate_batch(requests[first:first + batch_size], **sampling)]
 

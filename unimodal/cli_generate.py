@@ -76,7 +76,8 @@ def add_generate_commands(sub) -> None:
     gen.add_argument("--rivals", action=argparse.BooleanOptionalAction, default=None,
                      help="a caption read from --image that names two objects is checked against the same words with "
                           "the relation turned around, keeping the one the picture reads back better from (test "
-                          "pictures 0.805 -> 0.955 read right, 2 passes; default on: --no-rivals to skip)")
+                          "pictures 0.805 -> 0.955 read right, 2 passes, 3 when the rival is kept; default on: "
+                          "--no-rivals to skip)")
     gen.add_argument("--plan", default=None, choices=PLANS,
                      help="without --text, the model writes its plan in words first (read from the input, or the "
                           "caption it is asked for), then the rest guided by it and the inputs (text) or by it "

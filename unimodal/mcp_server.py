@@ -157,8 +157,8 @@ def generate_tool(runner: Runner):
         rivals: Annotated[bool | None, Field(
             description="a caption read from an image (to='text', or the plan image->audio speaks) that names two "
                         "objects is checked against the same words with the relation turned around, keeping the "
-                        "one the image reads back better from (test pictures 80% -> 96% read right, 2 passes); "
-                        "default on")] = None,
+                        "one the image reads back better from (test pictures 80% -> 96% read right, 2 passes, 3 "
+                        "when the rival is kept); default on")] = None,
     ) -> list:
         request = {key: value for key, value in locals().items() if key != "runner"}
         with _answering():

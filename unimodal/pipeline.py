@@ -288,8 +288,9 @@ class UniModal(DiffusionPipeline):
         ``rivals`` (None: on, :data:`unimodal.rivals.RIVALS_DEFAULT`; the twin: off): a caption read from a picture
         that names two objects is checked against its rival, the same words with the relation turned around: the
         picture is read back from each (one pass each) and the caption it is likelier under is kept (test pictures
-        read 0.805 -> 0.955, none broken: :mod:`unimodal.rivals`). It checks the caption asked for and the plan in
-        words a picture's other outputs are made from (image->audio speaks the checked caption).
+        read 0.805 -> 0.955, none broken: :mod:`unimodal.rivals`). It checks the caption asked for alone and the plan
+        in words a picture's other outputs are made from (image->audio speaks the checked caption); not a caption drawn
+        in one loop with other outputs (``plan="none"``), which were made with it.
         ``result.settings["rival_check"]`` (``settings["text_stage"]["rival_check"]`` for a plan) holds both
         captions, their scores and which was kept; ``forward_passes`` counts the check.
         """

@@ -19,7 +19,8 @@ the first draw when the model's confidence score of it reaches this), ``accept_a
 draw one at a time, keep the first whose agreement score reaches this), ``agreement`` (with ``candidates``: how each
 draw is read back, ``joint`` or ``each``), ``refine`` (then that many rounds of refine
 against the inputs), ``repair`` (a picture drawn from text or speech: read back and repaired, before any refine
-rounds), ``plan`` (``text``, ``text-only`` or ``none``: see :meth:`unimodal.UniModal.generate`).
+rounds), ``plan`` (``text``, ``text-only`` or ``none``: see :meth:`unimodal.UniModal.generate`), ``rivals`` (a caption
+read from a picture checked against the relation turned around; on unless false).
 
 Responses (one JSON object per line on stdout, in request order)::
 
