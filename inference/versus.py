@@ -30,6 +30,7 @@ AR = "ar"
 # diffusion model, unimodal.rivals) is a second read the twin has no way to make, so it is left out of both.
 AS_READ = {"rivals": False}
 
+
 def setting_name(setting: dict) -> str:
     if setting.get("mode") == "threshold":
         return f"tau{setting['tau']:g}"

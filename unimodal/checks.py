@@ -234,19 +234,21 @@ def check_refine_rounds(value) -> int:
     return value
 
 
+def _bool_setting(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise SettingError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
 def check_repair_setting(value) -> bool:
     """``repair`` of a generate request: True or False."""
-    if not isinstance(value, bool):
-        raise SettingError(f"repair must be true or false, got {value!r}")
-    return value
+    return _bool_setting("repair", value)
 
 
 def check_rivals(value) -> bool:
     """``rivals`` of a generate request: True or False (left out or None: the default, on for the
     masked-diffusion model; :mod:`unimodal.rivals`)."""
-    if not isinstance(value, bool):
-        raise SettingError(f"rivals must be true or false, got {value!r}")
-    return value
+    return _bool_setting("rivals", value)
 
 
 def check_repair_request(repair: bool, to, inputs) -> None:

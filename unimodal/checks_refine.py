@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from numbers import Real
 from pathlib import Path
 
-from unimodal.checks import (_SETTING_CHECKS, _int_setting, _readable_file, _real_setting, check_attempts,
-                             check_audio_file, check_candidates, check_image_file, check_speech_margin, check_text,
-                             check_writable)
+from unimodal.checks import (_SETTING_CHECKS, _bool_setting, _int_setting, _readable_file, _real_setting,
+                             check_attempts, check_audio_file, check_candidates, check_image_file, check_speech_margin,
+                             check_text, check_writable)
 from unimodal.core.errors import EmptyInputError, InputError, InputFileError, OutputPathError, SettingError
 from unimodal.core.instructions import parse_instruction, require_fits
 from unimodal.core.paths import OUTPUT_SUFFIXES, user_path
@@ -135,8 +135,8 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
         if modality != "text" or request.get("source") is None:
             raise InputError("model_caption says a caption read against its source (a .txt input with source) is "
                              "the model's own; give it only with both")
-        options["model_caption"] = _flag(request["model_caption"], "model_caption")
-    checks = {"seed": _SETTING_CHECKS["seed"], "critic": _critic, "check": _flag,
+        options["model_caption"] = _bool_setting("model_caption", request["model_caption"])
+    checks = {"seed": _SETTING_CHECKS["seed"], "critic": _critic, "check": lambda v: _bool_setting("check", v),
               "fraction": lambda v: _real_setting("fraction", v, "in (0, 1]", lambda x: 0 < x <= 1),
               "threshold": lambda v: _real_setting("threshold", v, "in (0, 1]", lambda x: 0 < x <= 1),
               "rounds": lambda v: _int_setting("rounds", v, 0 if request.get("repair") is True else 1),
@@ -167,7 +167,7 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
 def _repair(request: Mapping, modality: str, from_speech: bool) -> bool:
     """``repair``: read a picture back and change what the reading gets otherwise than its prompt (or than what
     the model hears in the clip it was drawn from, ``source``)."""
-    repair = _flag(request["repair"], "repair")
+    repair = _bool_setting("repair", request["repair"])
     if repair and (modality != "image" or (request.get("prompt") is None and not from_speech)):
         raise InputError("repair reads a picture back and compares it with the request it was drawn from: give it "
                          "only with a picture input and its prompt (or the clip it was drawn from as source)")
@@ -179,7 +179,7 @@ def _draft(request: Mapping, modality: str) -> bool:
     if request.get("instruction") is None or modality != "image":
         raise InputError("draft chooses how an instructed picture edit starts (from the object's own pixels, or "
                          "redrawn by the model); give it only with instruction= on a picture")
-    return _flag(request["draft"], "draft")
+    return _bool_setting("draft", request["draft"])
 
 
 def _speech_margin(request: Mapping, modality: str) -> float:
@@ -219,12 +219,6 @@ def _critic(value) -> str:
 def _evaluator(value) -> str:
     if value not in EVALUATORS:
         raise SettingError(f"evaluator must be one of {', '.join(EVALUATORS)}, got {value!r}")
-    return value
-
-
-def _flag(value, name: str = "check") -> bool:
-    if not isinstance(value, bool):
-        raise SettingError(f"{name} must be true or false, got {value!r}")
     return value
 
 

@@ -62,11 +62,11 @@ def rival_checked(pipe, conditions: Mapping[str, torch.Tensor], caption: Generat
     if rival is None:
         return caption
     read_ids = torch.tensor(caption.token_ids["text"], dtype=torch.long)
-    rival_ids = pipe.text_codec.encode_one(rival).to(torch.long)
+    # both read in the text codec's own split of the words, so neither is favoured by how it was split
+    as_split, rival_ids = (pipe.text_codec.encode_one(text).to(torch.long) for text in (caption.text, rival))
     shown = [(m, conditions[m]) for m in MODALITIES if m in conditions]
-    try:  # both read in the text codec's own split of the words, so neither is favoured by how it was split
-        drafts = [make_draft(pipe.layout, shown, {"text": pipe.text_codec.encode_one(text).to(torch.long)})
-                  for text in (caption.text, rival)]
+    try:
+        drafts = [make_draft(pipe.layout, shown, {"text": ids}) for ids in (as_split, rival_ids)]
     except InputError as error:  # more tokens than the text slots: nothing to compare, said in the trace
         trace = {"read": caption.text, "rival": rival, "skipped": str(error), "forward_passes": 0}
         return dataclasses.replace(caption, settings={**caption.settings, "rival_check": trace})
