@@ -286,6 +286,47 @@ def test_eval_hears_the_captions_in_the_voices_asked_and_refuses_voices_without_
         assert code != 0 and expected in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
+def test_eval_and_generate_refuse_what_the_twin_cannot_do_before_the_model_loads(caption_model, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """A setting the autoregressive twin cannot run (rivals, repair, refine, candidates), and another voice set for
+    a built folder, are refused from the folder's JSON and the flags, before any model is loaded."""
+    import shutil
+
+    import unimodal.serve
+    from unimodal.checks import check_twin_settings, folder_is_twin, twin_refuses
+
+    twin = tmp_path / "twin"
+    shutil.copytree(caption_model, twin)
+    config = twin / "backbone" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "causal": True}))
+    assert folder_is_twin(twin) and not folder_is_twin(caption_model) and not folder_is_twin(tmp_path / "none")
+    assert twin_refuses({"rivals": None, "candidates": 1, "refine": 0, "repair": False}) == []
+    assert twin_refuses({"rivals": True, "candidates": 2, "refine": 1, "repair": True}) == \
+        ["refine", "repair", "rivals", "candidates"]
+    check_twin_settings(caption_model, {"rivals": True})  # the masked-diffusion model may
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the request was refused")
+
+    monkeypatch.setattr(unimodal.serve, "load_pipeline", no_load)
+    base = ["eval", "--model", str(twin), "--data", "scenes", "--n", "2", "--out", str(tmp_path / "x")]
+    for extra, expected in ((["--directions", "image->text", "--rivals"], "use rivals=False"),
+                            (["--directions", "text->image", "--candidates", "2"], "use candidates=1"),
+                            (["--directions", "text->image", "--refine-rounds", "1"], "use refine=0"),
+                            (["--directions", "text->image", "--repair"], "use repair=False")):
+        assert main(base + extra) != 0
+        err = capsys.readouterr().err
+        assert "autoregressive twin" in err and expected in err and "Traceback" not in err
+    out = tmp_path / "g.png"
+    assert main(["generate", "--model", str(twin), "--text", "a small red circle", "--to", "image", "--repair",
+                 "--out", str(out)]) != 0
+    assert "use repair=False" in capsys.readouterr().err and not out.exists()
+    built = Path(__file__).parent  # not a built folder with clear voices: refused by the flags alone
+    assert main(["eval", "--model", str(caption_model), "--data", str(built), "--n", "2", "--directions",
+                 "audio->text", "--voices", "clear", "--out", str(tmp_path / "y")]) != 0
+    assert "built folder" in capsys.readouterr().err and not (tmp_path / "y").exists()
+
+
 def test_eval_with_candidates_judges_the_kept_draw(caption_model, tmp_path, capsys, monkeypatch):
     """--candidates reaches generate for every case of a direction with an input; joint is sampled as usual."""
     from unimodal.pipeline import UniModal

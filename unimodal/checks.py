@@ -251,6 +251,45 @@ def check_rivals(value) -> bool:
     return _bool_setting("rivals", value)
 
 
+# What the autoregressive twin (a causal backbone) cannot do: each reads or regenerates with the masked-diffusion
+# model. The pipeline refuses them (SettingError); the CLI asks :func:`check_twin_settings` before the model loads.
+TWIN_REFUSALS = {
+    "refine": "refine > 0 re-masks and regenerates with the masked-diffusion model; the autoregressive twin has no "
+              "such step (use refine=0)",
+    "repair": "repair reads the picture back with the masked-diffusion model; the autoregressive twin has no such "
+              "reading (use repair=False)",
+    "rivals": "rivals reads the picture back with the masked-diffusion model; the autoregressive twin has no such "
+              "reading (use rivals=False)",
+    "candidates": "candidates > 1 reads each output back with the masked-diffusion model; the autoregressive twin "
+                  "has no such reading (use candidates=1)",
+}
+
+
+def twin_refuses(settings: Mapping) -> list[str]:
+    """The settings of :data:`TWIN_REFUSALS` that ``settings`` turns on (None or absent: off; ``rivals`` None is
+    the default, which is off for the twin)."""
+    on = {"refine": lambda v: bool(v), "repair": lambda v: bool(v), "rivals": lambda v: v is True,
+          "candidates": lambda v: v is not None and not isinstance(v, bool) and isinstance(v, int) and v > 1}
+    return [name for name, test in on.items() if test(settings.get(name))]
+
+
+def folder_is_twin(folder) -> bool:
+    """Whether a model folder holds the autoregressive twin (its backbone config says ``causal``), read from the
+    JSON alone; a folder whose config cannot be read says no (loading it names what is wrong)."""
+    config = Path(folder) / "backbone" / "config.json"
+    try:
+        return bool(json.loads(config.read_text(encoding="utf-8")).get("causal", False))
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return False
+
+
+def check_twin_settings(folder, settings: Mapping) -> None:
+    """Refuse, before the model loads, a setting the autoregressive twin in ``folder`` cannot run."""
+    refused = twin_refuses(settings) if folder_is_twin(folder) else []
+    if refused:
+        raise SettingError(f"model folder {str(folder)!r} is the autoregressive twin: " + TWIN_REFUSALS[refused[0]])
+
+
 def check_repair_request(repair: bool, to, inputs) -> None:
     """``repair`` reads a picture back against the request it was drawn from: one picture made from a text or
     speech input (:mod:`unimodal.repair`)."""

@@ -29,8 +29,9 @@ def _directions(text: str, known) -> list[str]:
 def _cmd_eval(args) -> int:
     from unimodal.inference.evaluate import (DIRECTIONS, check_every_draw, check_repair, evaluate, format_table,
                                              model_hash, save_report)
-    from unimodal.eval_cases import load_cases
-    from unimodal.serve import load_pipeline, resolve_model_dir
+    from unimodal.checks import check_twin_settings
+    from unimodal.eval_cases import check_case_request, load_cases
+    from unimodal.serve import check_model, load_pipeline
     from unimodal.training.data.speech import check_voices
 
     directions = _directions(args.directions, DIRECTIONS)
@@ -45,7 +46,10 @@ def _cmd_eval(args) -> int:
     if args.voices != "varied" and not needs_speech:
         raise InputError(f"--voices {args.voices} speaks the test captions; no direction asked ({', '.join(directions)}) "
                          f"hears or speaks speech")
-    model_dir = resolve_model_dir(args.model)
+    model_dir = check_model(args.model, args.device)
+    check_twin_settings(model_dir, {**settings, "refine": args.refine_rounds, "repair": args.repair,
+                                    "rivals": args.rivals})
+    check_case_request(args.data, args.split, args.n, voices=args.voices)  # the built folders' voices among it
     pipe = load_pipeline(model_dir, args.device)
     cases, notes = load_cases(args.data, args.split, args.n, speech=needs_speech, voices=args.voices)
     for note in notes:

@@ -10,13 +10,14 @@ from unimodal.cli_common import add_model_arguments, parse_cfg
 
 
 def _cmd_generate(args) -> int:
-    from unimodal.checks import GENERATE_KEYS, check_request
+    from unimodal.checks import GENERATE_KEYS, check_request, check_twin_settings
     from unimodal.serve import check_model, load_pipeline, run_generate
 
     # every request key this command has a flag for (checks.GENERATE_KEYS mirrors the sampler's settings)
     request = {key: getattr(args, key) for key in GENERATE_KEYS if hasattr(args, key)}
     model_dir = check_model(args.model, args.device)  # all of it before torch is even imported
     checked = check_request(request, needs_out=True)
+    check_twin_settings(model_dir, checked.settings)
     pipe = load_pipeline(model_dir, args.device)
     result = run_generate(pipe, request, progress=not args.quiet, checked=checked)
     if args.json:

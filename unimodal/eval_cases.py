@@ -16,12 +16,10 @@ EVAL_SPLITS = ("test", "heldout", "val")
 DATA_SEED = 0  # the embedded sets' build seed (the default model was trained on seed 0's train split)
 
 
-def load_cases(data: str, split: str = "test", n: int = 100, speech: bool = True,
-               voices: str = "varied") -> tuple[list[EvalCase], list[str]]:
-    """Up to ``n`` cases from each comma-separated entry of ``data`` (``scenes``, ``digits`` or a built data
-    folder) and notes on what was skipped (digits have no heldout split). ``voices``: the eSpeak voice set the
-    embedded sets' captions are spoken in (the same scenes and captions whatever the set; a built folder's clips
-    are spoken as it was built, so another set than the default is refused for one)."""
+def check_case_request(data: str, split: str = "test", n: int = 100, voices: str = "varied") -> list[str]:
+    """The entries of ``data``, every setting of :func:`load_cases` checked without reading a case (so a command
+    refuses a wrong one before its model loads): the split, the count, the voice set, and no other voice set than
+    the default for a built folder (its clips are spoken as it was built)."""
     from unimodal.training.data.speech import check_voices
 
     check_voices(voices)
@@ -29,9 +27,23 @@ def load_cases(data: str, split: str = "test", n: int = 100, speech: bool = True
         raise InputError(f"--split must be one of {EVAL_SPLITS}, got {split!r}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise InputError(f"--n must be a positive number of cases per data set, got {n!r}")
-    names = [name.strip() for name in data.split(",") if name.strip()]
+    names = [name.strip() for name in str(data).split(",") if name.strip()]
     if not names:
         raise InputError("--data is empty; give scenes, digits or a built data folder")
+    for name in names:
+        if name not in ("scenes", "digits") and voices != "varied":
+            raise InputError(f"--voices {voices} speaks the embedded scenes and digits; the built folder "
+                             f"{name!r} holds its clips as it was built (its info.json says in which voices)")
+    return names
+
+
+def load_cases(data: str, split: str = "test", n: int = 100, speech: bool = True,
+               voices: str = "varied") -> tuple[list[EvalCase], list[str]]:
+    """Up to ``n`` cases from each comma-separated entry of ``data`` (``scenes``, ``digits`` or a built data
+    folder) and notes on what was skipped (digits have no heldout split). ``voices``: the eSpeak voice set the
+    embedded sets' captions are spoken in (the same scenes and captions whatever the set; a built folder's clips
+    are spoken as it was built, so another set than the default is refused for one)."""
+    names = check_case_request(data, split, n, voices)
     cases, notes = [], []
     for name in names:
         if name == "scenes":
@@ -43,9 +55,6 @@ def load_cases(data: str, split: str = "test", n: int = 100, speech: bool = True
                 continue
             cases += _digit_cases(split, n, speech, voices)
         else:
-            if voices != "varied":
-                raise InputError(f"--voices {voices} speaks the embedded scenes and digits; the built folder "
-                                 f"{name!r} holds its clips as it was built (its info.json says in which voices)")
             cases += _folder_cases(Path(name), split, n, speech)
     if not cases:
         raise InputError(f"no evaluation cases in {data!r} for split {split!r}")
@@ -91,4 +100,4 @@ def _folder_cases(folder: Path, split: str, n: int, speech: bool = True) -> list
     return cases
 
 
-__all__ = ["EVAL_SPLITS", "load_cases"]
+__all__ = ["EVAL_SPLITS", "check_case_request", "load_cases"]

@@ -49,7 +49,7 @@ from unimodal.tokenizers_mm.text import TextCodec
 from unimodal.tokenizers_mm.vocoder import MelVocoder
 from unimodal.checks import (AGREEMENT_DEFAULT, check_accept_agreement, check_accept_confidence, check_agreement, check_candidates, check_plan, check_draws_differ,
                              check_refine_rounds, check_repair_request, check_repair_setting,
-                             check_model_folder, check_not_both, check_to)
+                             check_model_folder, check_not_both, check_to, TWIN_REFUSALS, twin_refuses)
 from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelFolderError, SettingError,
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
 from unimodal.core.paths import SCHEDULER_DIR, resolve_model_dir
@@ -298,12 +298,9 @@ class UniModal(DiffusionPipeline):
         check_repair_setting(repair)
         given = [m for m, v in (("text", text), ("image", image), ("audio", audio)) if v is not None]
         check_repair_request(repair, check_to(to), given)
-        if refine and self.autoregressive:
-            raise SettingError("refine > 0 re-masks and regenerates with the masked-diffusion model; the "
-                               "autoregressive twin has no such step (use refine=0)")
-        if repair and self.autoregressive:
-            raise SettingError("repair reads the picture back with the masked-diffusion model; the autoregressive "
-                               "twin has no such reading (use repair=False)")
+        refused = twin_refuses({"refine": refine, "repair": repair}) if self.autoregressive else []
+        if refused:
+            raise SettingError(TWIN_REFUSALS[refused[0]])
         if refine and isinstance(seed, int) and not isinstance(seed, bool):  # before anything is sampled
             check_seed_room(seed, refine, SettingError)
         settings = {**settings, "rivals": resolve_rivals(rivals, self.autoregressive)}
@@ -370,8 +367,7 @@ class UniModal(DiffusionPipeline):
         from unimodal.refine import draft_of
 
         if self.autoregressive:
-            raise SettingError("candidates > 1 reads each output back with the masked-diffusion model; the "
-                               "autoregressive twin has no such reading (use candidates=1)")
+            raise SettingError(TWIN_REFUSALS["candidates"])
         inputs = {m: request[m] for m in MODALITIES if request.get(m) is not None}
         if not inputs:
             raise InputError("candidates > 1 keeps the output that agrees best with the inputs; an unconditional "

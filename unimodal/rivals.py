@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 import torch
 
-from unimodal.checks import check_rivals
+from unimodal.checks import TWIN_REFUSALS, check_rivals
 from unimodal.core.errors import InputError, SettingError
 from unimodal.core.grammar import inverse_relation
 from unimodal.results import GenerationResult
@@ -40,8 +40,7 @@ def resolve_rivals(rivals: bool | None, autoregressive: bool) -> bool:
     if rivals is not None:
         check_rivals(rivals)
     if rivals and autoregressive:
-        raise SettingError("rivals reads the picture back with the masked-diffusion model; the autoregressive twin "
-                           "has no such reading (use rivals=False)")
+        raise SettingError(TWIN_REFUSALS["rivals"])
     return (RIVALS_DEFAULT and not autoregressive) if rivals is None else rivals
 
 
