@@ -86,6 +86,8 @@ def test_the_summary_counts_each_group():
     assert summary["all"]["n"] == 3 and summary["one object"]["judged_right"] == 1
     assert summary["one object"]["judged_right_share"] == 0.5 and summary["pairs"]["asked_right"] == 1
     assert summary["all"]["refused"] == 1 and summary["all"]["mean_forward_passes"] == pytest.approx(40 / 3)
+    # the self-check agrees with the judge where both say right or both say wrong: rows 2 and 3 (neither right)
+    assert summary["all"]["verdict_agrees"] == 2 and summary["one object"]["verdict_agrees_share"] == 0.5
 
 
 def test_bench_compare_pairs_two_edit_reports_case_by_case(tmp_path, capsys):
@@ -106,6 +108,8 @@ def test_bench_compare_pairs_two_edit_reports_case_by_case(tmp_path, capsys):
     row = json.loads((tmp_path / "cmp.json").read_text())["directions"]["edit audio: judged right"]
     assert (row["reference"], row["candidate"]) == (pytest.approx(1 / 3), 1.0)
     assert row["difference"]["mean"] == pytest.approx(2 / 3) and "edit audio: judged right" in out
+    agrees = json.loads((tmp_path / "cmp.json").read_text())["directions"]["edit audio: verdict agrees"]
+    assert (agrees["reference"], agrees["candidate"]) == (pytest.approx(1 / 3), 1.0)  # verdict True on every row
     save_report(report([True, True, True], ("a red circle", "a green square", "a red cross")), tmp_path / "other")
     code, _, err = run(capsys, "bench", "compare", tmp_path / "old", tmp_path / "other")
     assert code == 2 and "captions differ" in err  # other cases: refused, not paired

@@ -270,10 +270,21 @@ def test_a_new_shape_is_drawn_by_the_model(pipe):
     assert "touch_up" not in trace["plan"] and trace["passes"]["execute"] == 4
 
 
-def _reading(pipe, monkeypatch, said):
+def _reading(pipe, monkeypatch, said, drawn=("read",)):
     """pipe.generate with its read-backs replaced by ``said`` in turn (the last one again when they run out); the
-    forward passes of each read-back are recorded."""
-    calls, real = [], pipe.generate
+    forward passes of each read-back are recorded. The drawing direction's check of a read-back that is not the
+    target (:func:`unimodal.rivals.compare_captions`) keeps ``drawn`` in turn ("read" or "rival": the target), two
+    passes each (the tiny model is random: which caption it prefers is the test's)."""
+    from unimodal import instructed
+
+    calls, real, compared = [], pipe.generate, []
+
+    def compare(pipe_, conditions, read, rival):
+        compared.append((read, rival))
+        kept = drawn[min(len(compared), len(drawn)) - 1]
+        return {"read": read, "rival": rival, "agreement": [-1.0, -2.0], "kept": kept, "forward_passes": 2}, []
+
+    monkeypatch.setattr(instructed, "compare_captions", compare)
 
     def reads(**kwargs):
         result = real(**kwargs)
@@ -312,6 +323,38 @@ def test_when_no_attempt_reads_back_as_the_target_the_one_it_agrees_with_best_is
     assert attempts["agreement"] == [-3.0, -1.0, -2.0] and attempts["kept"] == 1
     assert trace["passes"]["execute"] == 3 * 4 and trace["passes"]["check"] == sum(calls) + 3  # + 3 agreements
     assert trace["check"]["parses_to_target"] is False and trace["tokens_changed"]["outside"] == 0
+
+
+def test_a_drafted_picture_read_as_another_scene_is_asked_of_the_drawing_direction(pipe, monkeypatch):
+    """A colour change is drafted from the object's pixels; its read-back names another scene than the target; the
+    picture is likelier under the target than under what was read: the edit counts as done, the comparison in
+    the check. Where drawing agrees with the reading, or the reading is no scene, it is not done. A region the
+    model redrew from the target (a new shape), a touched-up draft and a caption are judged by reading alone."""
+    from unimodal import instructed
+
+    target = "a small blue circle on the left"
+    calls = _reading(pipe, monkeypatch, [PROMPT], drawn=("rival",))
+    edited, trace = pipe.edit(_scene(ONE)[0], instruction="make the circle blue", text=PROMPT, steps=4)
+    check = trace["check"]
+    assert check["parses_to_target"] is True and check["differences"] == [] and edited.settings["verdict"] is True
+    assert check["read_back"] == PROMPT and check["rival_check"]["rival"] == target
+    assert check["rival_check"]["kept"] == "rival" and trace["passes"]["check"] == sum(calls) + 2
+    assert json.loads(json.dumps(trace)) == trace and trace["forward_passes"] == edited.forward_passes
+    _reading(pipe, monkeypatch, [PROMPT], drawn=("read",))
+    _, trace = pipe.edit(_scene(ONE)[0], instruction="make the circle blue", text=PROMPT, steps=4)
+    assert trace["check"]["parses_to_target"] is False and trace["check"]["rival_check"]["kept"] == "read"
+    assert trace["check"]["differences"]
+    _reading(pipe, monkeypatch, ["garbled words"], drawn=("rival",))  # a reading that is no scene: not compared
+    _, trace = pipe.edit(_scene(ONE)[0], instruction="make the circle blue", text=PROMPT, steps=4)
+    assert trace["check"]["parses_to_target"] is False and "rival_check" not in trace["check"]
+    _reading(pipe, monkeypatch, [PROMPT], drawn=("rival",))
+    monkeypatch.setattr(instructed, "compare_captions", lambda *a: pytest.fail("a redrawn region was compared"))
+    for said, extra in (("turn the circle into a square", {"attempts": 1}), ("make the circle blue",
+                                                                              {"touch_up": True})):
+        _, trace = pipe.edit(_scene(ONE)[0], instruction=said, text=PROMPT, steps=4, **extra)
+        assert trace["check"]["parses_to_target"] is False and "rival_check" not in trace["check"]
+    _, trace = pipe.edit(PROMPT, instruction="replace 'red' by 'blue'", modality="text")
+    assert "rival_check" not in trace["check"]
 
 
 def test_attempts_draw_from_seeds_no_other_attempt_or_candidate_uses(pipe, monkeypatch):

@@ -36,7 +36,15 @@ GROUPS = {"all": lambda row: True, "one object": lambda row: row["objects"] == 1
 COUNTED = (("judged_right", "judged right: the asked change, the rest the same"),
            ("asked_right", "the asked attribute judged right (rest may differ)"),
            ("verdict", "self-check verdict \"parses to the target\""),
+           ("verdict_agrees", "self-check agrees with the judge"),
            ("source_judged_right", "sources judged right"))
+# counted verdicts read off two others of the same row (reports written before they were counted have them too)
+DERIVED = {"verdict_agrees": lambda row: bool(row.get("verdict")) == bool(row.get("judged_right"))}
+
+
+def counted(row: dict, key: str) -> bool:
+    """One row's verdict ``key`` of :data:`COUNTED`."""
+    return bool(DERIVED[key](row)) if key in DERIVED else bool(row.get(key))
 SAMPLER_KEYS = ("mode", "steps", "cfg", "temperature", "choice_temperature")
 MODALITIES = ("image", "audio", "text")
 WHAT = {"image": "pictures, the first object's {change} changed (pairs: the object named by colour and shape), "
@@ -181,7 +189,7 @@ def summarise(rows: Sequence[dict]) -> dict:
         picked = [r for r in rows if member(r)]
         part = {"n": len(picked)}
         for key, _ in COUNTED:
-            count = sum(bool(r[key]) for r in picked)
+            count = sum(counted(r, key) for r in picked)
             part[key] = count
             part[f"{key}_share"] = count / len(picked) if picked else None
         part["outside_changed"] = sum(r["outside_changed"] for r in picked)
@@ -235,6 +243,8 @@ def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool 
 def format_table(report: dict) -> str:
     """A fixed-width table: one line per verdict, a column per group ("count / n share")."""
     summary = report["summary"]
+    if any(key not in summary["all"] for key, _ in COUNTED):  # a report from before a count was added
+        summary = summarise(report["rows"])
     heads = [f"{group} ({summary[group]['n']})" for group in GROUPS]
     width = max(len(label) for _, label in COUNTED)
     lines = [f"{'':<{width}}  " + "  ".join(f"{h:>15}" for h in heads)]
@@ -291,7 +301,7 @@ def as_eval_report(report: dict) -> dict:
         what += f" ({report['voices']} voices)"
     figures = {}
     for key, _ in COUNTED:
-        verdicts = [int(bool(row.get(key))) for row in report["rows"]]
+        verdicts = [int(counted(row, key)) for row in report["rows"]]
         figures[f"{what}: {key.replace('_', ' ')}"] = {
             "accuracy": sum(verdicts) / len(verdicts) if verdicts else None, "verdicts": verdicts}
     return {"figures": figures, "data": "scenes", "split": report.get("split", "test"),

@@ -50,30 +50,44 @@ def applies(conditions: Mapping) -> bool:
     return "image" in conditions
 
 
+def compare_captions(pipe, conditions: Mapping[str, torch.Tensor], read: str, rival: str) -> tuple[dict, list]:
+    """Which of two captions the picture among ``conditions`` is likelier under, asked of the drawing direction:
+    each caption given as the picture's prompt, every picture code masked (the agreement score, one pass each).
+    Returns the trace (``read``, ``rival``, both scores, ``kept``: "rival" only when the rival is likelier, and
+    the passes; ``skipped`` and no scores where a caption has more tokens than the text slots) and the two drafts
+    (none when skipped). Both captions are read in the text codec's own split of the words, so neither is
+    favoured by how it was split."""
+    from unimodal.inference.critique import agreement_score, make_draft
+
+    ids = [pipe.text_codec.encode_one(text).to(torch.long) for text in (read, rival)]
+    shown = [(m, conditions[m]) for m in MODALITIES if m in conditions]
+    try:
+        drafts = [make_draft(pipe.layout, shown, {"text": one}) for one in ids]
+    except InputError as error:  # more tokens than the text slots: nothing to compare, said in the trace
+        return {"read": read, "rival": rival, "skipped": str(error), "forward_passes": 0}, []
+    scores = [agreement_score(pipe.backbone, pipe.layout, draft) for draft in drafts]
+    trace = {"read": read, "rival": rival, "agreement": [round(s, 6) for s, _ in scores],
+             "kept": "rival" if scores[1][0] > scores[0][0] else "read",
+             "forward_passes": sum(calls for _, calls in scores)}
+    return trace, drafts
+
+
 def rival_checked(pipe, conditions: Mapping[str, torch.Tensor], caption: GenerationResult) -> GenerationResult:
     """``caption`` (a result holding text alone, read from the picture among ``conditions``) or its rival,
     whichever the picture reads back better from; ``settings["rival_check"]`` says what was compared, the two
     scores and which was kept, and ``forward_passes`` counts the check. A caption with no rival is returned as
     it is."""
-    from unimodal.inference.critique import agreement_score, make_draft, remasked_probabilities
+    from unimodal.inference.critique import remasked_probabilities
 
     rival = inverse_relation(caption.text or "")
     if rival is None:
         return caption
     read_ids = torch.tensor(caption.token_ids["text"], dtype=torch.long)
-    # both read in the text codec's own split of the words, so neither is favoured by how it was split
-    as_split, rival_ids = (pipe.text_codec.encode_one(text).to(torch.long) for text in (caption.text, rival))
-    shown = [(m, conditions[m]) for m in MODALITIES if m in conditions]
-    try:
-        drafts = [make_draft(pipe.layout, shown, {"text": ids}) for ids in (as_split, rival_ids)]
-    except InputError as error:  # more tokens than the text slots: nothing to compare, said in the trace
-        trace = {"read": caption.text, "rival": rival, "skipped": str(error), "forward_passes": 0}
+    trace, drafts = compare_captions(pipe, conditions, caption.text, rival)
+    if "skipped" in trace:
         return dataclasses.replace(caption, settings={**caption.settings, "rival_check": trace})
-    scores = [agreement_score(pipe.backbone, pipe.layout, draft) for draft in drafts]
-    passes = sum(calls for _, calls in scores)
-    kept = "rival" if scores[1][0] > scores[0][0] else "read"
-    trace = {"read": caption.text, "rival": rival, "agreement": [round(s, 6) for s, _ in scores], "kept": kept,
-             "forward_passes": passes}
+    kept, passes = trace["kept"], trace["forward_passes"]
+    rival_ids = pipe.text_codec.encode_one(rival).to(torch.long)  # as compare_captions read it
     token_ids, confidence = caption.token_ids, caption.confidence
     if kept == "rival":
         changed = [k for k in range(len(rival_ids))
@@ -92,4 +106,4 @@ def rival_checked(pipe, conditions: Mapping[str, torch.Tensor], caption: Generat
                                settings={**caption.settings, "rival_check": trace})
 
 
-__all__ = ["RIVALS_DEFAULT", "applies", "resolve_rivals", "rival_checked"]
+__all__ = ["RIVALS_DEFAULT", "applies", "compare_captions", "resolve_rivals", "rival_checked"]
