@@ -103,7 +103,8 @@ def test_generate_is_listed_with_a_schema_for_every_argument(seen):
     properties = tool.input_schema["properties"]
     expected = {"to", "text", "image", "audio", "out", "steps", "mode", "tau", "temperature", "top_k", "top_p",
                 "cfg", "choice_temperature", "seed", "max_text_tokens", "max_audio_seconds", "candidates",
-                "accept_confidence", "accept_agreement", "agreement", "plan", "refine", "repair", "rivals"}
+                "accept_confidence", "accept_agreement", "agreement", "plan", "refine", "repair", "rivals",
+                "rephrase"}
     assert set(properties) == expected
     assert all(properties[name].get("description") for name in expected)
     assert {"minimum": 1, "type": "integer"} in properties["steps"]["anyOf"]

@@ -120,11 +120,56 @@ def test_the_caption_is_kept_when_it_reads_back_better(pipe, picture, monkeypatc
 def test_a_plan_read_from_a_picture_is_checked_before_it_is_spoken(pipe, picture, monkeypatch):
     _reads_as(monkeypatch, pipe, PAIR)
     _prefer(monkeypatch, pipe, RIVAL)
-    result = pipe.generate(image=picture, to="audio", steps=3)
+    result = pipe.generate(image=picture, to="audio", steps=3, rephrase=False)  # the plan said as checked
     stage = result.settings["text_stage"]
     assert stage["text"] == RIVAL and stage["rival_check"]["kept"] == "rival" and stage["rivals"] is True
     assert stage["token_ids"] == pipe.text_codec.encode_one(RIVAL).tolist()  # the words the speech was made from
-    assert stage["forward_passes"] >= 3
+    assert stage["forward_passes"] >= 3 and stage["rephrase"] is False and "rephrased" not in stage
+    said = pipe.generate(image=picture, to="audio", steps=3).settings["text_stage"]  # the default: checked, then
+    assert said["rephrased"] == {"read": RIVAL, "said": "there is " + RIVAL}  # said in the spoken form
+    assert said["text"] == "there is " + RIVAL and said["rival_check"]["kept"] == "rival"
+
+
+# ---- the plan said in the form the model speaks best (unimodal.phrasing) --------------------------------------
+
+
+def test_a_scene_is_said_in_the_spoken_form_and_anything_else_as_read(pipe):
+    from unimodal.core.grammar import parse_scene_caption as parse
+    from unimodal.phrasing import SPOKEN_TEMPLATE, rephrased
+    from unimodal.results import GenerationResult
+
+    def plan(text, confidence=(0.9, 0.4)):
+        ids = pipe.text_codec.encode_one(text).tolist()
+        return GenerationResult(text=text, token_ids={"text": ids}, confidence={"text": list(confidence)},
+                                forward_passes=3, steps=3, settings={})
+
+    for read, said in (("a small square in red on the left", "there is a small red square on the left"),
+                       ("on the right, a large blue cross", "there is a large blue cross on the right"),
+                       (PAIR, "there is " + PAIR), ("a large green circle is above a small red cross",
+                                                    "there is a large green circle above a small red cross")):
+        out = rephrased(pipe, plan(read))
+        assert out.text == said and parse(said) == parse(read) and SPOKEN_TEMPLATE == 1
+        assert out.token_ids["text"] == pipe.text_codec.encode_one(said).tolist()
+        assert out.confidence["text"] == [0.4] * len(out.token_ids["text"])  # the plan's lowest, every word
+        assert out.settings["rephrased"] == {"read": read, "said": said} and out.forward_passes == 3
+    for text in ("a handwritten seven", "a red", ""):
+        assert rephrased(pipe, plan(text)) == plan(text)  # no scene: said as read, no trace
+
+
+def test_only_speech_made_from_words_that_are_no_output_is_rephrased(pipe, picture, monkeypatch):
+    _reads_as(monkeypatch, pipe, "a small square in red on the left")
+    asked = _prefer(monkeypatch, pipe, "nothing")  # one object: no rival to compare
+    stage = pipe.generate(image=picture, to="audio", steps=3).settings["text_stage"]
+    assert stage["text"] == "there is a small red square on the left" and stage["rephrase"] is True
+    assert stage["token_ids"] == pipe.text_codec.encode_one(stage["text"]).tolist() and asked == []
+    joint = pipe.generate(to=["text", "image", "audio"], steps=3)  # the caption is an output: as written
+    assert joint.text == "a small square in red on the left" and "rephrased" not in joint.settings["text_stage"]
+    both = pipe.generate(image=picture, to=["text", "audio"], steps=3)  # shown: the words stay the model's
+    assert both.text == "a small square in red on the left"
+    caption = pipe.generate(image=picture, to="text", steps=3)  # a caption asked for: never rephrased
+    assert caption.text == "a small square in red on the left" and "rephrased" not in caption.settings
+    with pytest.raises(SettingError, match="rephrase must be true or false"):
+        pipe.generate(image=picture, to="audio", steps=3, rephrase="yes")
 
 
 def test_nothing_is_checked_without_a_picture_or_without_a_rival(pipe, picture, monkeypatch):
@@ -143,12 +188,17 @@ def test_the_cli_and_the_server_take_the_setting(pipe, picture, tmp_path, capsys
     from unimodal.cli import main
 
     Image.fromarray(picture).save(tmp_path / "pair.png")
-    assert "rivals" in GENERATE_KEYS
+    assert "rivals" in GENERATE_KEYS and "rephrase" in GENERATE_KEYS
     for flag, expected in (("--no-rivals", False), ("--rivals", True)):
         code = main(["generate", "--model", str(tiny_caption_model_dir), "--image", str(tmp_path / "pair.png"),
                      "--to", "text", "--steps", "3", "--quiet", "--json", flag, "--out", str(tmp_path / "out")])
         out = json.loads(capsys.readouterr().out)
         assert code == 0 and out["settings"]["rivals"] is expected
+    for flag, expected in (("--no-rephrase", False), ("--rephrase", True)):
+        code = main(["generate", "--model", str(tiny_caption_model_dir), "--image", str(tmp_path / "pair.png"),
+                     "--to", "audio", "--steps", "3", "--quiet", "--json", flag, "--out", str(tmp_path / "s.wav")])
+        out = json.loads(capsys.readouterr().out)
+        assert code == 0 and out["settings"]["text_stage"]["rephrase"] is expected
 
 
 def test_a_rival_longer_than_the_text_slots_is_skipped_and_said(pipe, picture, monkeypatch):

@@ -37,7 +37,8 @@ INPUT_KEYS = MODALITIES
 PLANS = ("text", "text-only", "none")  # UniModal.generate's ``plan``
 SETTING_KEYS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", "seed", "max_text_tokens",
                 "max_audio_seconds", "schedule", "block_length", "block_mode", "choice_temperature", "candidates",
-                "accept_confidence", "accept_agreement", "agreement", "plan", "refine", "repair", "rivals")
+                "accept_confidence", "accept_agreement", "agreement", "plan", "refine", "repair", "rivals",
+                "rephrase")
 GENERATE_KEYS = INPUT_KEYS + ("to", "out") + SETTING_KEYS
 MAX_CANDIDATES = 64  # draws of one request kept to the best: more is a batch job, not a request
 MAX_REFINE_ROUNDS = 32  # refine rounds after a generate request (each is a regeneration: more is a benchmark)
@@ -251,6 +252,12 @@ def check_rivals(value) -> bool:
     return _bool_setting("rivals", value)
 
 
+def check_rephrase(value) -> bool:
+    """``rephrase`` of a generate request: True or False (left out or None: the default, on;
+    :mod:`unimodal.phrasing`)."""
+    return _bool_setting("rephrase", value)
+
+
 # What the autoregressive twin (a causal backbone) cannot do: each reads or regenerates with the masked-diffusion
 # model. The pipeline refuses them (SettingError); the CLI asks :func:`check_twin_settings` before the model loads.
 TWIN_REFUSALS = {
@@ -381,6 +388,7 @@ _SETTING_CHECKS = {
     "refine": check_refine_rounds,
     "repair": check_repair_setting,
     "rivals": check_rivals,
+    "rephrase": check_rephrase,
     "accept_confidence": check_accept_confidence,
     "accept_agreement": check_accept_agreement,
     "agreement": check_agreement,

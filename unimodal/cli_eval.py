@@ -86,6 +86,9 @@ def _add_sampling_flags(parser, temperature_default) -> None:
     parser.add_argument("--rivals", action=argparse.BooleanOptionalAction, default=None,
                         help="a caption read from a picture that names two objects is checked against the same words "
                              "with the relation turned around (default on; --no-rivals: as read)")
+    parser.add_argument("--rephrase", action=argparse.BooleanOptionalAction, default=None,
+                        help="speech made from a plan in words that is no output (image->audio) says the scene in "
+                             "the form the model speaks most clearly (default on; --no-rephrase: as read)")
     parser.add_argument("--plan", default=None, choices=PLANS,
                         help="without a text input, the model writes its plan in words first, then the rest guided "
                              "by it and the inputs (text) or by it alone, one output at a time (text-only, the "

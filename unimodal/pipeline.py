@@ -58,6 +58,7 @@ from unimodal.core.seeds import check_seed, check_seed_room, fresh_seed
 from unimodal.inputs import as_audio, as_image, as_text
 from unimodal.core.int8 import load_pretrained
 from unimodal.results import GenerationResult
+from unimodal.phrasing import applies as phrasing_applies, rephrased, resolve_rephrase
 from unimodal.rivals import applies as rivals_apply, resolve_rivals, rival_checked
 
 PIPELINE_INDEX = "model_index.json"
@@ -213,7 +214,7 @@ class UniModal(DiffusionPipeline):
                  progress: bool = False, candidates: int = 1, plan: str = PLAN_DEFAULT,
                  accept_confidence: float | None = None, agreement: str | None = None, refine: int = 0,
                  accept_agreement: float | None = None, repair: bool = False, rivals: bool | None = None,
-                 **settings) -> GenerationResult:
+                 rephrase: bool | None = None, **settings) -> GenerationResult:
         """Generate ``to`` (a modality, a list, or ``"image,audio"``) from the inputs given (none: unconditional).
 
         Inputs: ``text`` a string; ``image`` a PIL image, uint8 array or file path (resized to the codec's
@@ -293,6 +294,10 @@ class UniModal(DiffusionPipeline):
         in one loop with other outputs (``plan="none"``), which were made with it.
         ``result.settings["rival_check"]`` (``settings["text_stage"]["rival_check"]`` for a plan) holds both
         captions, their scores and which was kept; ``forward_passes`` counts the check.
+
+        ``rephrase`` (None: on, :data:`unimodal.phrasing.REPHRASE_DEFAULT`): speech made from a plan in words that is
+        no output (image->audio) says the scene the plan states in the form the model speaks most clearly ("there is
+        a ..."; :mod:`unimodal.phrasing`); ``settings["text_stage"]["rephrased"]`` holds the plan as read and as said.
         """
         check_refine_rounds(refine)
         check_repair_setting(repair)
@@ -303,7 +308,8 @@ class UniModal(DiffusionPipeline):
             raise SettingError(TWIN_REFUSALS[refused[0]])
         if refine and isinstance(seed, int) and not isinstance(seed, bool):  # before anything is sampled
             check_seed_room(seed, refine, SettingError)
-        settings = {**settings, "rivals": resolve_rivals(rivals, self.autoregressive)}
+        settings = {**settings, "rivals": resolve_rivals(rivals, self.autoregressive),
+                    "rephrase": resolve_rephrase(rephrase)}
         result = self._generate_once(text, image, audio, to, steps, mode, tau, temperature, top_k, top_p, cfg, seed,
                                      max_text_tokens, max_audio_seconds, progress, candidates, plan,
                                      accept_confidence, agreement, settings, accept_agreement)
@@ -449,18 +455,19 @@ class UniModal(DiffusionPipeline):
         """Whether two seeds can give different outputs for a request generating ``to`` with these sampling
         settings (:meth:`generate`'s keywords; None or missing: the defaults for ``to``). False when sampling is
         greedy (temperature 0, no choice noise: the default for text), where ``candidates`` > 1 is refused."""
-        settings = {k: v for k, v in settings.items() if k not in ("plan", "rivals")}
+        settings = {k: v for k, v in settings.items() if k not in ("plan", "rivals", "rephrase")}
         return self._sampler_config(settings, self.scheduler.target_kind(check_to(to))).random
 
     def generate_batch(self, requests: Sequence[Mapping], progress: bool = False, errors: str = "raise",
-                       plan: str = PLAN_DEFAULT, rivals: bool | None = None,
+                       plan: str = PLAN_DEFAULT, rivals: bool | None = None, rephrase: bool | None = None,
                        **settings) -> list[GenerationResult | UnimodalError]:
         """Many requests in one batched sampler call; one :class:`GenerationResult` per request, in order.
 
         Each request is a dict with keys among ``text``, ``image``, ``audio`` (inputs), ``to``, ``seed``,
         ``max_text_tokens``, ``max_audio_seconds``; ``settings`` are :meth:`generate`'s sampling keywords,
-        shared by all (``plan`` and ``rivals`` as there). Request ``i`` without its own seed uses ``seed + i``, so
-        ``generate_batch`` gives what ``generate(seed=seed + i)`` gives one by one. Every request is checked and
+        shared by all (``plan``, ``rivals`` and ``rephrase`` as there). Request ``i`` without its own seed uses
+        ``seed + i``, so ``generate_batch`` gives what ``generate(seed=seed + i)`` gives one by one. Every request is
+        checked and
         its inputs read before any sampling starts. ``errors="raise"`` (default): the first bad request raises
         its error; ``"return"``: a bad request's place in the list holds its error (a :class:`UnimodalError`) and
         the others their results, the same results they would get without it.
@@ -468,7 +475,7 @@ class UniModal(DiffusionPipeline):
         if errors not in ("raise", "return"):
             raise InputError(f"errors must be 'raise' or 'return', got {errors!r}")
         check_plan(plan)
-        check = resolve_rivals(rivals, self.autoregressive)
+        check, say = resolve_rivals(rivals, self.autoregressive), resolve_rephrase(rephrase)
         if isinstance(requests, Mapping) or not isinstance(requests, Sequence) or not requests:
             raise InputError("generate_batch takes a non-empty list of request dicts, e.g. "
                              "[{'text': 'a red circle', 'to': 'image'}]")
@@ -485,6 +492,8 @@ class UniModal(DiffusionPipeline):
             texts = dict(zip((item.index for item in staged), self._sample_prepared(stages, plan_settings, progress)))
             # a plan read from a picture is checked before anything is made from it
             texts = {item.index: self._rival_checked(item, texts[item.index], check) for item in staged}
+            # and the words speech is made from, when no output, said in the form the model speaks best
+            texts = {item.index: self._rephrased(item, texts[item.index], say) for item in staged}
             for item in staged:
                 self._take_text(item, texts[item.index], alone=plan == "text-only")
             # plan "text-only": each output its own request, from the words alone (a trained text->X task)
@@ -516,6 +525,14 @@ class UniModal(DiffusionPipeline):
             return caption
         caption = dataclasses.replace(caption, settings={**caption.settings, "rivals": check})
         return rival_checked(self, item.conditions, caption) if check else caption
+
+    def _rephrased(self, item: "_Prepared", plan: GenerationResult, say: bool) -> GenerationResult:
+        """The plan in words of a request that speaks it without showing it (:func:`unimodal.phrasing.applies`) in
+        the spoken form when ``say`` (its ``settings["rephrase"]`` saying whether); any other plan as it is."""
+        if not phrasing_applies(item.targets, "text" in item.targets):
+            return plan
+        plan = dataclasses.replace(plan, settings={**plan.settings, "rephrase": say})
+        return rephrased(self, plan) if say else plan
 
     def _take_text(self, item: "_Prepared", text: GenerationResult, alone: bool = False) -> None:
         """The second stage of a planned request: the text becomes a condition (its own ids; ``alone``: the only
@@ -884,7 +901,8 @@ def _joined(item: _Prepared, text: GenerationResult, rest: GenerationResult, pla
     an output; costs added (``commits_per_step``: the text stage's steps, then the rest's; ``guidance_passes`` of
     both); the settings of the second stage (the defaults of its first output) with what the text stage used."""
     settings = dict(rest.settings)
-    stage = {k: text.settings.get(k) for k in (*TOKEN_SETTINGS, "guidance_passes", "rivals", "rival_check")
+    stage = {k: text.settings.get(k) for k in (*TOKEN_SETTINGS, "guidance_passes", "rivals", "rival_check",
+                                               "rephrase", "rephrased")
              if k in text.settings}
     settings.update(_summed([text, rest]), inputs=[m for m in MODALITIES if m in item.inputs], plan=plan,
                     text_stage=stage | {"forward_passes": text.forward_passes, "model_calls": text.steps, "text": text.text,

@@ -20,7 +20,8 @@ draw one at a time, keep the first whose agreement score reaches this), ``agreem
 draw is read back, ``joint`` or ``each``), ``refine`` (then that many rounds of refine
 against the inputs), ``repair`` (a picture drawn from text or speech: read back and repaired, before any refine
 rounds), ``plan`` (``text``, ``text-only`` or ``none``: see :meth:`unimodal.UniModal.generate`), ``rivals`` (a caption
-read from a picture checked against the relation turned around; on unless false).
+read from a picture checked against the relation turned around; on unless false), ``rephrase`` (speech made from
+words read from a picture says the scene in the form the model speaks most clearly; on unless false).
 
 Responses (one JSON object per line on stdout, in request order)::
 
