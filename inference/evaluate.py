@@ -322,6 +322,17 @@ def rival_counts(results: Sequence) -> dict | None:
             "forward_passes": float(np.mean([c["forward_passes"] for c in checks])) if checks else 0.0}
 
 
+def rephrase_counts(results: Sequence) -> dict | None:
+    """How many plans in words speech was made from were said in the spoken form (:mod:`unimodal.phrasing`) and
+    how many of them that reworded; None when no plan was (``rephrase`` off, or no speech made from a plan)."""
+    said = [(settings.get("text_stage") or {}).get("rephrased")
+            for settings in (getattr(r, "settings", None) or {} for r in results)]
+    said = [s for s in said if s and "skipped" not in s]
+    if not said:
+        return None
+    return {"said": len(said), "reworded": sum(s["read"] != s["said"] for s in said)}
+
+
 def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scores: Sequence[dict],
               wall: float) -> dict:
     """Figures of one direction, overall and per kind of case: rates, WER, forward passes, seconds per sample."""
@@ -331,6 +342,7 @@ def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scor
     summary = {"n": len(scores), "forward_passes": float(np.mean([r.forward_passes for r in results])),
                "wall_s_per_sample": wall, "sampler": effective_settings(results),
                **({"rival_check": rivals} if (rivals := rival_counts(results)) else {}),
+               **({"rephrased": said} if (said := rephrase_counts(results)) else {}),
                # per case, in case order: 1 right, 0 wrong, None not judged (for paired comparisons of two runs)
                "verdicts": verdicts_of([s.get("correct", s.get("consistent")) for s in scores])}
     errors = None  # per case, in case order: [errors, reference words]; each WER below is a ratio of their sums
@@ -640,6 +652,10 @@ def format_table(report: dict) -> str:
             lines.append(f"  {direction}: {rivals['checked']} captions read from a picture checked against the relation "
                          f"turned around, the rival kept {rivals['rival_kept']} times "
                          f"({rivals['forward_passes']:.1f} passes a check, in the passes above)")
+        if fig.get("rephrased"):
+            said = fig["rephrased"]
+            lines.append(f"  {direction}: {said['said']} plans said in the form the model speaks best ('there is "
+                         f"a ...', rephrase), {said['reworded']} of them reworded")
     for direction, fig in report["figures"].items():
         if fig.get("best_of"):
             curves = fig["best_of_by_reading"]

@@ -224,3 +224,19 @@ def test_bench_refine_starts_from_the_caption_as_read(pipe, picture, monkeypatch
     asked = _prefer(monkeypatch, pipe, RIVAL)
     (first,) = _base(pipe, [SimpleNamespace(image=picture)], seed=0, batch_size=4, direction=_Direction("image->text"))
     assert first.text == PAIR and first.settings["rivals"] is False and asked == []
+
+
+def test_eval_counts_the_plans_said_in_the_spoken_form():
+    from types import SimpleNamespace
+
+    from unimodal.inference.evaluate import rephrase_counts
+
+    def result(stage):
+        return SimpleNamespace(settings={"text_stage": stage} if stage is not None else {})
+
+    said = {"read": "a small square in red on the left", "said": "there is a small red square on the left"}
+    same = {"read": "there is a small red square on the left", "said": "there is a small red square on the left"}
+    results = [result({"rephrased": said}), result({"rephrased": same}), result({"rephrase": True}), result(None),
+               result({"rephrased": {**said, "skipped": "too long"}})]
+    assert rephrase_counts(results) == {"said": 2, "reworded": 1}
+    assert rephrase_counts([result(None), result({"rephrase": False})]) is None
