@@ -282,7 +282,7 @@ def _reading(pipe, monkeypatch, said, drawn=("read",)):
     def compare(pipe_, conditions, read, rival):
         compared.append((read, rival))
         kept = drawn[min(len(compared), len(drawn)) - 1]
-        return {"read": read, "rival": rival, "agreement": [-1.0, -2.0], "kept": kept, "forward_passes": 2}, []
+        return {"read": read, "rival": rival, "agreement": [-1.0, -2.0], "kept": kept, "forward_passes": 2}, [], []
 
     monkeypatch.setattr(instructed, "compare_captions", compare)
 

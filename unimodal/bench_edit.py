@@ -40,11 +40,6 @@ COUNTED = (("judged_right", "judged right: the asked change, the rest the same")
            ("source_judged_right", "sources judged right"))
 # counted verdicts read off two others of the same row (reports written before they were counted have them too)
 DERIVED = {"verdict_agrees": lambda row: bool(row.get("verdict")) == bool(row.get("judged_right"))}
-
-
-def counted(row: dict, key: str) -> bool:
-    """One row's verdict ``key`` of :data:`COUNTED`."""
-    return bool(DERIVED[key](row)) if key in DERIVED else bool(row.get(key))
 SAMPLER_KEYS = ("mode", "steps", "cfg", "temperature", "choice_temperature")
 MODALITIES = ("image", "audio", "text")
 WHAT = {"image": "pictures, the first object's {change} changed (pairs: the object named by colour and shape), "
@@ -179,6 +174,11 @@ def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modalit
             "passes": trace["forward_passes"], "candidates": plan.get("candidates"), "attempts": plan.get("attempts"),
             "draft": plan.get("draft"),
             "touch_up": plan.get("touch_up"), "seconds": round(time.perf_counter() - start, 2), **extra}
+
+
+def counted(row: dict, key: str) -> bool:
+    """One row's verdict ``key`` of :data:`COUNTED`."""
+    return bool(DERIVED[key](row)) if key in DERIVED else bool(row.get(key))
 
 
 def summarise(rows: Sequence[dict]) -> dict:

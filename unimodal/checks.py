@@ -276,7 +276,7 @@ def twin_refuses(settings: Mapping) -> list[str]:
     """The settings of :data:`TWIN_REFUSALS` that ``settings`` turns on (None or absent: off; ``rivals`` None is
     the default, which is off for the twin)."""
     on = {"refine": lambda v: bool(v), "repair": lambda v: bool(v), "rivals": lambda v: v is True,
-          "candidates": lambda v: v is not None and not isinstance(v, bool) and isinstance(v, int) and v > 1}
+          "candidates": lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 1}
     return [name for name, test in on.items() if test(settings.get(name))]
 
 

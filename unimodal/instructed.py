@@ -484,7 +484,7 @@ def _check(pipe, edited, kind: str, target: str, seed: int, settings, drawing: b
             and parse_scene_caption(read) is not None and parse_scene_caption(target) is not None):
         image = torch.as_tensor(edited.token_ids["image"], dtype=torch.long)
         with pipe._lock:
-            trace, _ = compare_captions(pipe, {"image": image}, read, target)
+            trace, _, _ = compare_captions(pipe, {"image": image}, read, target)
         check["rival_check"], passes = trace, passes + trace["forward_passes"]
         if trace.get("kept") == "rival":
             check.update(parses_to_target=True, differences=[])

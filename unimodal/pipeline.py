@@ -467,8 +467,7 @@ class UniModal(DiffusionPipeline):
         ``max_text_tokens``, ``max_audio_seconds``; ``settings`` are :meth:`generate`'s sampling keywords,
         shared by all (``plan``, ``rivals`` and ``rephrase`` as there). Request ``i`` without its own seed uses
         ``seed + i``, so ``generate_batch`` gives what ``generate(seed=seed + i)`` gives one by one. Every request is
-        checked and
-        its inputs read before any sampling starts. ``errors="raise"`` (default): the first bad request raises
+        checked and its inputs read before any sampling starts. ``errors="raise"`` (default): the first bad request raises
         its error; ``"return"``: a bad request's place in the list holds its error (a :class:`UnimodalError`) and
         the others their results, the same results they would get without it.
         """

@@ -50,13 +50,13 @@ def applies(conditions: Mapping) -> bool:
     return "image" in conditions
 
 
-def compare_captions(pipe, conditions: Mapping[str, torch.Tensor], read: str, rival: str) -> tuple[dict, list]:
+def compare_captions(pipe, conditions: Mapping[str, torch.Tensor], read: str, rival: str) -> tuple[dict, list, list]:
     """Which of two captions the picture among ``conditions`` is likelier under, asked of the drawing direction:
     each caption given as the picture's prompt, every picture code masked (the agreement score, one pass each).
     Returns the trace (``read``, ``rival``, both scores, ``kept``: "rival" only when the rival is likelier, and
-    the passes; ``skipped`` and no scores where a caption has more tokens than the text slots) and the two drafts
-    (none when skipped). Both captions are read in the text codec's own split of the words, so neither is
-    favoured by how it was split."""
+    the passes; ``skipped`` and no scores where a caption has more tokens than the text slots), the two captions'
+    ids and their two drafts (no drafts when skipped). Both captions are read in the text codec's own split of the
+    words, so neither is favoured by how it was split."""
     from unimodal.inference.critique import agreement_score, make_draft
 
     ids = [pipe.text_codec.encode_one(text).to(torch.long) for text in (read, rival)]
@@ -64,12 +64,12 @@ def compare_captions(pipe, conditions: Mapping[str, torch.Tensor], read: str, ri
     try:
         drafts = [make_draft(pipe.layout, shown, {"text": one}) for one in ids]
     except InputError as error:  # more tokens than the text slots: nothing to compare, said in the trace
-        return {"read": read, "rival": rival, "skipped": str(error), "forward_passes": 0}, []
+        return {"read": read, "rival": rival, "skipped": str(error), "forward_passes": 0}, ids, []
     scores = [agreement_score(pipe.backbone, pipe.layout, draft) for draft in drafts]
     trace = {"read": read, "rival": rival, "agreement": [round(s, 6) for s, _ in scores],
              "kept": "rival" if scores[1][0] > scores[0][0] else "read",
              "forward_passes": sum(calls for _, calls in scores)}
-    return trace, drafts
+    return trace, ids, drafts
 
 
 def rival_checked(pipe, conditions: Mapping[str, torch.Tensor], caption: GenerationResult) -> GenerationResult:
@@ -83,11 +83,10 @@ def rival_checked(pipe, conditions: Mapping[str, torch.Tensor], caption: Generat
     if rival is None:
         return caption
     read_ids = torch.tensor(caption.token_ids["text"], dtype=torch.long)
-    trace, drafts = compare_captions(pipe, conditions, caption.text, rival)
+    trace, (_, rival_ids), drafts = compare_captions(pipe, conditions, caption.text, rival)
     if "skipped" in trace:
         return dataclasses.replace(caption, settings={**caption.settings, "rival_check": trace})
     kept, passes = trace["kept"], trace["forward_passes"]
-    rival_ids = pipe.text_codec.encode_one(rival).to(torch.long)  # as compare_captions read it
     token_ids, confidence = caption.token_ids, caption.confidence
     if kept == "rival":
         changed = [k for k in range(len(rival_ids))
