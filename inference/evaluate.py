@@ -180,7 +180,8 @@ def generate_direction(pipe, direction: str, cases: Sequence[EvalCase], settings
     setting (> 1) draws that many per case (seeds ``seed + i``, ``seed + i + 1``, ...) and keeps the one the model
     reads back best (``UniModal.generate(candidates=)``), case by case (:func:`evaluate` passes what
     :func:`candidates_used` says). ``draws``: a list that gets, per case, every draw it chose from (seed order;
-    :meth:`UniModal.best_of`), for judging each."""
+    :meth:`UniModal.best_of`), for judging each. The outputs are as drawn: :func:`evaluate` refines them
+    (``generate``'s default refine of speech among them) after they are drawn, with :func:`refine_direction`."""
     from tqdm.auto import tqdm
 
     settings = dict(settings)
@@ -192,23 +193,35 @@ def generate_direction(pipe, direction: str, cases: Sequence[EvalCase], settings
     if candidates > 1:
         for request in tqdm(requests, desc=f"{direction} (best of {candidates})", disable=not progress, leave=False):
             if draws is None:
-                results.append(pipe.generate(**request, candidates=candidates, **settings))
+                results.append(pipe.generate(**request, candidates=candidates, refine=0, **settings))
                 continue
             kept, drawn = pipe.best_of(candidates=candidates, **request, **settings)
             results.append(kept)
             draws.append(drawn)
     else:
         for first in tqdm(range(0, len(requests), batch_size), desc=direction, disable=not progress, leave=False):
-            results += pipe.generate_batch(requests[first:first + batch_size], **settings)
+            results += pipe.generate_batch(requests[first:first + batch_size], refine=0, **settings)
     return results, (time.perf_counter() - start) / max(len(requests), 1)
 
 
+def direction_refine_rounds(pipe, direction: str, refine_rounds: int | None) -> int:
+    """The rounds a direction's outputs are refined: the caller's (``refine_rounds``), else what ``generate``
+    runs by default for them (``UniModal.default_refine_rounds``; a pipeline without it: none); joint is never
+    refined."""
+    if direction == "joint":
+        return 0
+    if refine_rounds is not None:
+        return refine_rounds
+    default = getattr(pipe, "default_refine_rounds", None)
+    return default(list(parse_direction(direction)[1])) if default is not None else 0
+
+
 def refine_direction(pipe, direction: str, cases: Sequence[EvalCase], results: Sequence, rounds: int, seed: int,
-                     progress: bool = True, repair: bool = False) -> tuple[list, float]:
+                     progress: bool = True, repair: bool = False, critic: str | None = None) -> tuple[list, float]:
     """Each output refined (``UniModal.refine`` with its defaults for that output, ``rounds`` rounds, seed
-    ``seed + i``) against the input it was made from, first repaired by reading it back when ``repair`` (a
-    picture drawn from words); the refined results (their ``forward_passes`` count the refine's too) and the
-    wall time per sample."""
+    ``seed + i``; ``critic``: the one that flags, None: refine's default) against the input it was made from,
+    first repaired by reading it back when ``repair`` (a picture drawn from words); the refined results (their
+    ``forward_passes`` count the refine's too) and the wall time per sample."""
     from tqdm.auto import tqdm
 
     conditions, _ = parse_direction(direction)
@@ -217,7 +230,8 @@ def refine_direction(pipe, direction: str, cases: Sequence[EvalCase], results: S
                                                 disable=not progress, leave=False)):
         inputs = {m: getattr(case, m) for m in conditions}
         refined.append(pipe.refine(result, **inputs, rounds=rounds, seed=seed + index,
-                                   **({"repair": True} if repair else {}))[0])
+                                   **({"repair": True} if repair else {}),
+                                   **({"critic": critic} if critic is not None else {}))[0])
     return refined, (time.perf_counter() - start) / max(len(results), 1)
 
 
@@ -488,18 +502,23 @@ def check_repair(repair: bool, directions: Sequence[str]) -> None:
 def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECTIONS, settings: dict | None = None,
              seed: int = 0, judges: Judges | None = None, batch_size: int = 16, progress: bool = True,
              on_direction: Callable[[str, dict], None] | None = None, joint_n: int | None = None,
-             refine_rounds: int = 0, every_draw: bool = False, repair: bool = False) -> dict:
+             refine_rounds: int | None = None, every_draw: bool = False, repair: bool = False,
+             refine_critic: str | None = None) -> dict:
     """Generate and judge every direction; returns the report (figures, settings, samples for the grids).
     ``joint_n``: samples of joint generation (it reads no case, so it needs no more than a sample size);
     ``refine_rounds`` > 0: each output is then refined against its input (:func:`refine_direction`; joint, which
-    has no input, is not), and judged as refined; ``every_draw`` (with a ``candidates`` setting > 1): judge every
+    has no input, is not), and judged as refined; None (the default): each direction's outputs are refined as
+    ``generate`` refines them by default (:func:`unimodal.refine.default_refine_rounds`: speech alone on a model
+    whose critic head is trained); 0: none; ``refine_critic``: the critic those rounds read (None: refine's
+    default for each output); ``every_draw`` (with a ``candidates`` setting > 1): judge every
     draw, not only the kept one, and report the best-of-k curve (:func:`best_of_curve`) as the direction's
     ``best_of``: what each k from 1 to the candidates would have reached, from this one run; ``repair``: each
     picture drawn from words or speech (:data:`REPAIRED_DIRECTIONS`) is read back and what the reading gets
     otherwise than the request changed by instructed edits (``UniModal.refine(..., repair=True)``) before its
     ``refine_rounds`` rounds."""
-    if isinstance(refine_rounds, bool) or not isinstance(refine_rounds, int) or refine_rounds < 0:
-        raise InputError(f"refine_rounds must be an int >= 0, got {refine_rounds!r}")
+    if refine_rounds is not None and (isinstance(refine_rounds, bool) or not isinstance(refine_rounds, int)
+                                      or refine_rounds < 0):
+        raise InputError(f"refine_rounds must be an int >= 0 or None (generate's default), got {refine_rounds!r}")
     check_every_draw(every_draw, (settings or {}).get("candidates"), (settings or {}).get("accept_confidence"),
                      (settings or {}).get("accept_agreement"))
     # what the CLI's checks refuse before the model loads, for Python callers (one draw drops it unread)
@@ -521,10 +540,11 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
         results, wall = generate_direction(pipe, direction, usable, {**settings, "candidates": candidates}, seed,
                                            batch_size, progress, draws)
         repaired = repair and direction in REPAIRED_DIRECTIONS
-        refined = (refine_rounds > 0 or repaired) and direction != "joint"
+        rounds = direction_refine_rounds(pipe, direction, refine_rounds)
+        refined = (rounds > 0 or repaired) and direction != "joint"
         if refined:
-            results, refine_wall = refine_direction(pipe, direction, usable, results, refine_rounds, seed, progress,
-                                                    repaired)
+            results, refine_wall = refine_direction(pipe, direction, usable, results, rounds, seed, progress,
+                                                    repaired, refine_critic)
             wall += refine_wall
         by_draw = []  # every draw's scores: [draw k][case i]
         if draws:  # judged together per draw index (the judges batch)
@@ -536,7 +556,11 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
             scores = score_direction(direction, usable, results, judges)
         figures[direction] = summarize(direction, usable, results, scores, wall)
         if refined:
-            figures[direction]["refine_rounds"] = refine_rounds
+            figures[direction]["refine_rounds"] = rounds
+            if refine_rounds is None:  # generate's default, not the caller's
+                figures[direction]["refine_default"] = True
+            if refine_critic is not None:
+                figures[direction]["refine_critic"] = refine_critic
         if repaired:
             figures[direction]["repair"] = True
         if (settings.get("candidates") or 1) > 1:
@@ -549,7 +573,7 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
         if on_direction is not None:
             on_direction(direction, figures[direction])
     return {"figures": figures, "reference": reference_figures(cases, judges, progress), "seed": seed,
-            "settings": settings, "refine_rounds": refine_rounds, "repair": repair,
+            "settings": settings, "refine_rounds": refine_rounds, "refine_critic": refine_critic, "repair": repair,
             "autoregressive": bool(getattr(pipe, "autoregressive", False)),
             "cases": {kind: sum(c.kind == kind for c in cases) for kind in sorted({c.kind for c in cases})},
             "_samples": samples}
@@ -638,8 +662,15 @@ def format_table(report: dict) -> str:
     lines.append(f"accuracy: judged correct (joint: image, caption and speech agree); seed {report['seed']}; "
                  f"settings given {json.dumps(report['settings'])}")
     if report.get("refine_rounds"):
+        critic = f" (critic {report['refine_critic']})" if report.get("refine_critic") else ""
         lines.append(f"every output but joint refined against its input, {report['refine_rounds']} rounds with "
-                     f"refine's defaults for it; passes and s/sample include the refine")
+                     f"refine's defaults for it{critic}; passes and s/sample include the refine")
+    for direction, fig in report["figures"].items():
+        if fig.get("refine_default"):
+            critic = f" (critic {fig['refine_critic']})" if fig.get("refine_critic") else ""
+            lines.append(f"{direction}: refined {fig['refine_rounds']} rounds by refine's defaults{critic}, as "
+                         f"generate refines speech by default (--refine-rounds 0: as drawn); passes and s/sample "
+                         f"include it")
     if report.get("repair"):
         lines.append(f"{', '.join(REPAIRED_DIRECTIONS)}: each picture read back by the model and each colour, size "
                      f"or place the reading gets otherwise than the request (the caption, or the model's transcript "
@@ -659,7 +690,7 @@ def format_table(report: dict) -> str:
     for direction, fig in report["figures"].items():
         if fig.get("best_of"):
             curves = fig["best_of_by_reading"]
-            before = ", the draws before refine" if report.get("refine_rounds") or report.get("repair") else ""
+            before = ", the draws before refine" if fig.get("refine_rounds") or report.get("repair") else ""
             lines.append(f"{direction}, every draw judged{before}: best of k, kept by agreement read each way (as "
                          f"candidates=k, agreement=... keeps it; the run chose by {fig['reading']}), "
                          f"and some draw of the k right (s/sample above includes reading every draw each way)")

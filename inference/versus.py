@@ -27,8 +27,9 @@ AR = "ar"
 
 
 # The two models side by side, each as it reads: the caption check against a rival (the pipeline's default for the
-# diffusion model, unimodal.rivals) is a second read the twin has no way to make, so it is left out of both.
-AS_READ = {"rivals": False}
+# diffusion model, unimodal.rivals) is a second read the twin has no way to make, so it is left out of both; so is
+# the refine the pipeline runs on speech by default (unimodal.refine.SPEECH_REFINE_ROUNDS), which the twin cannot run.
+AS_READ = {"rivals": False, "refine": 0}
 
 
 def setting_name(setting: dict) -> str:

@@ -502,6 +502,38 @@ def test_eval_refine_rounds_judges_each_output_as_refined(caption_model, tmp_pat
         evaluate(object(), cases, refine_rounds=-1)
 
 
+def test_eval_refines_speech_as_generate_does_by_default(caption_model, tmp_path, capsys, monkeypatch):
+    """Without --refine-rounds, eval refines each direction's outputs as generate does by default: speech alone on
+    a model whose critic head is trained, 2 rounds, said under the table; --refine-rounds 0 judges them as
+    drawn; a model without a trained head and every other output are not refined."""
+    from test_pipeline import trained_head_copy
+
+    trained = trained_head_copy(caption_model, tmp_path / "trained")
+    calls = _spied_refine(monkeypatch)
+    base = ["eval", "--data", "scenes", "--n", "2", "--directions", "text->audio,text->image", "--steps", "2"]
+    assert main(base + ["--model", str(trained), "--out", str(tmp_path / "default")]) == 0
+    assert [sorted(k) for k in calls] == [["rounds", "seed", "text"]] * 2 and all(k["rounds"] == 2 for k in calls)
+    report = json.loads((tmp_path / "default" / "eval.json").read_text())
+    assert report["refine_rounds"] is None
+    assert report["figures"]["text->audio"]["refine_rounds"] == 2 and report["figures"]["text->audio"]["refine_default"]
+    assert "refine_rounds" not in report["figures"]["text->image"]
+    assert "text->audio: refined 2 rounds by refine's defaults" in capsys.readouterr().out
+    calls.clear()
+    assert main(base + ["--model", str(trained), "--refine-rounds", "0", "--out", str(tmp_path / "drawn")]) == 0
+    assert calls == []
+    assert "refine_rounds" not in json.loads((tmp_path / "drawn" / "eval.json").read_text())["figures"]["text->audio"]
+    assert main(base + ["--model", str(caption_model), "--out", str(tmp_path / "untrained")]) == 0 and calls == []
+    # --refine-critic: the rounds read that critic instead of refine's default
+    assert main(base + ["--model", str(trained), "--refine-critic", "confidence", "--out", str(tmp_path / "c")]) == 0
+    assert [k["critic"] for k in calls] == ["confidence"] * 2
+    assert "refined 2 rounds by refine's defaults (critic confidence)" in capsys.readouterr().out
+    calls.clear()
+    for extra, expected in ((["--refine-rounds", "0", "--refine-critic", "confidence"], "--refine-rounds 0 runs none"),
+                            (["--refine-critic", "learned"], "never trained")):
+        assert main(base + ["--model", str(caption_model), *extra, "--out", str(tmp_path / "x")]) == 2
+        assert expected in capsys.readouterr().err and calls == [] and not (tmp_path / "x").exists()
+
+
 def test_eval_repair_reads_back_and_repairs_only_pictures_drawn_from_words(caption_model, tmp_path, capsys,
                                                                             monkeypatch):
     """--repair: each text->image picture goes through refine(repair=True) against its caption (no critic round

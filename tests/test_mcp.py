@@ -168,7 +168,11 @@ def test_the_self_critique_tools_have_a_schema_for_every_argument(seen):
         assert set(properties) == arguments, name
         assert all(properties[a].get("description") for a in arguments), name
         assert tools[name].input_schema["required"] == ["input"]
-    assert tools["critique"].input_schema["properties"]["critic"]["enum"] == ["confidence", "content", "content+learned", "learned", "random"]
+    for name in ("critique", "refine"):  # optional: the library's default (content+learned for speech on a trained head)
+        critic = tools[name].input_schema["properties"]["critic"]
+        assert [choice.get("enum") for choice in critic["anyOf"]] == [
+            ["confidence", "content", "content+learned", "learned", "random"], None]
+        assert critic.get("default") is None
     evaluator = tools["refine"].input_schema["properties"]["evaluator"]  # optional: the library's default
     assert [choice.get("enum") for choice in evaluator["anyOf"]] == [["critic", "agreement", "agreement-each"], None]
 

@@ -2,6 +2,7 @@
 save -> load -> same tokens, every direction, joint generation, batching = one by one, seeds, clear errors,
 and a hand-written scheduler loop that commits what the schedule says (and reproduces the sampler)."""
 
+import json
 import math
 import subprocess
 import sys
@@ -483,6 +484,60 @@ def test_generate_refine_is_refine_of_the_output_against_its_inputs(pipe, tmp_pa
     _, trace = pipe.refine(pipe.generate(image=grey, to="text", seed=1, max_text_tokens=10, temperature=0.5, **FAST),
                            image=grey, rounds=1, seed=1)
     assert trace["regen_temperature"] == 1.0 and warm.settings["refine"]["forward_passes"] == trace["forward_passes"]
+
+
+def trained_head_copy(model_dir, folder):
+    """A copy of a model folder whose training record says its critic head was trained (the tiny model's is
+    random: the defaults that read a trained head then apply to it)."""
+    import shutil
+
+    shutil.copytree(model_dir, folder)
+    record = folder / "training_config.json"
+    config = json.loads(record.read_text()) if record.is_file() else {}
+    record.write_text(json.dumps({**config, "critic_trained": True}))
+    return folder
+
+
+def test_speech_alone_is_refined_by_default_with_its_critic_when_the_head_is_trained(pipe, tiny_model_dir, tmp_path):
+    """refine=None: speech alone (to="audio") on a model whose critic head is trained is refined
+    SPEECH_REFINE_ROUNDS rounds by SPEECH_CRITIC, exactly what refine with its defaults gives; nothing else is, and
+    no model without a trained head; generate_batch refines as generate does; refine=0 draws as before."""
+    from unimodal import UniModal
+    from unimodal.refine import SPEECH_CRITIC, SPEECH_REFINE_ROUNDS, default_critic, default_refine_rounds
+
+    assert not pipe.config.critic_trained
+    assert default_refine_rounds(pipe, ["audio"]) == 0 and default_critic(pipe, ["audio"]) == "confidence"
+    assert pipe.generate(text="a red circle", to="audio", seed=2, **FAST).settings.get("refine") is None
+    trained = UniModal.from_pretrained(trained_head_copy(tiny_model_dir, tmp_path / "trained"))
+    assert default_refine_rounds(trained, ["audio"]) == trained.default_refine_rounds("audio") == SPEECH_REFINE_ROUNDS == 2
+    assert default_critic(trained, ["audio"]) == SPEECH_CRITIC == "content+learned"
+    for targets in (["image"], ["text"], ["text", "audio"], ["image", "audio"]):
+        assert default_refine_rounds(trained, targets) == 0 and default_critic(trained, targets) == "confidence"
+    plain = trained.generate(text="a red circle", to="audio", seed=2, refine=0, **FAST)
+    assert plain.settings.get("refine") is None
+    refined = trained.generate(text="a red circle", to="audio", seed=2, **FAST)
+    expected, trace = trained.refine(plain, text="a red circle", rounds=SPEECH_REFINE_ROUNDS, seed=2)
+    assert trace["critic"] == SPEECH_CRITIC and refined.settings["refine"]["critic"] == SPEECH_CRITIC
+    assert refined.token_ids == expected.token_ids
+    assert refined.forward_passes == plain.forward_passes + trace["forward_passes"] > plain.forward_passes
+    picture = trained.generate(text="a red circle", to="image", seed=3, **FAST)
+    assert picture.settings.get("refine") is None
+    batch = trained.generate_batch([{"text": "a red circle", "to": "audio", "seed": 2},
+                                    {"text": "a red circle", "to": "image", "seed": 3}], **FAST)
+    assert batch[0].token_ids == refined.token_ids and batch[1].token_ids == picture.token_ids
+    assert batch[1].settings.get("refine") is None
+    raw = trained.generate_batch([{"text": "a red circle", "to": "audio", "seed": 2}], refine=0, **FAST)[0]
+    assert raw.token_ids == plain.token_ids
+    # best of N: the draws as drawn, the kept one refined once
+    kept, drawn = trained.best_of(2, text="a red circle", to="audio", seed=2, **FAST)
+    assert all(d.settings.get("refine") is None for d in drawn)
+    chosen = trained.generate(text="a red circle", to="audio", seed=2, candidates=2, **FAST)
+    assert chosen.settings["refine"]["critic"] == SPEECH_CRITIC
+    # critique reads speech with the same critic when none is named; a caller's choice is kept
+    assert trained.critique(plain, text="a red circle").critic == SPEECH_CRITIC
+    assert trained.critique(plain, text="a red circle", critic="confidence").critic == "confidence"
+    with pytest.raises(SettingError, match="refine must be a whole number of rounds"):
+        trained.generate_batch([{"text": "a red circle", "to": "audio"}], refine=-1, **FAST)
 
 
 def test_accept_confidence_keeps_a_sure_first_draw_and_draws_the_rest_otherwise(pipe):

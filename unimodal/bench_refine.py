@@ -74,8 +74,9 @@ def _base(pipe, cases, seed: int, batch_size: int, direction: _Direction | None 
     direction = direction or _Direction("text->image")
     requests = [direction.request(c, seed + i) for i, c in enumerate(cases)]
     # captions as read: refine (and best-of-N) are measured from the model's own caption, not from one already
-    # checked against its rival (generate's default, unimodal.rivals), so the bench's figures stay those of refine
-    sampling = {"rivals": False, **({} if temperature is None else {"temperature": temperature})}
+    # checked against its rival (generate's default, unimodal.rivals), so the bench's figures stay those of refine;
+    # and speech as drawn, not refined already (generate's default for speech): the bench refines it
+    sampling = {"rivals": False, "refine": 0, **({} if temperature is None else {"temperature": temperature})}
     return [r for first in range(0, len(requests), batch_size)
             for r in pipe.generate_batch(requests[first:first + batch_size], **sampling)]
 

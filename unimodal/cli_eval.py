@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from unimodal.checks import AGREEMENTS, PLANS, SETTING_KEYS, check_settings
+from unimodal.checks_refine import CRITICS
 from unimodal.core.errors import InputError
 
 def _settings(args) -> dict:
@@ -36,8 +37,11 @@ def _cmd_eval(args) -> int:
 
     directions = _directions(args.directions, DIRECTIONS)
     settings = _settings(args)
-    if args.refine_rounds < 0:
+    if args.refine_rounds is not None and args.refine_rounds < 0:
         raise InputError(f"--refine-rounds must be a whole number >= 0, got {args.refine_rounds}")
+    if args.refine_critic is not None and args.refine_rounds == 0:
+        raise InputError(f"--refine-critic {args.refine_critic} names the critic of the refine rounds; "
+                         f"--refine-rounds 0 runs none (give one or the other)")
     check_every_draw(args.every_draw, args.candidates, args.accept_confidence,  # before the model loads
                      args.accept_agreement)
     check_repair(args.repair, directions)
@@ -51,13 +55,17 @@ def _cmd_eval(args) -> int:
                                     "rivals": args.rivals})
     check_case_request(args.data, args.split, args.n, voices=args.voices)  # the built folders' voices among it
     pipe = load_pipeline(model_dir, args.device)
+    if args.refine_critic is not None:  # a head the model never trained: refused before anything is drawn
+        from unimodal.refine import require_trained_critic
+
+        require_trained_critic(pipe, args.refine_critic)
     cases, notes = load_cases(args.data, args.split, args.n, speech=needs_speech, voices=args.voices)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     report = evaluate(pipe, cases, directions, settings, seed=args.seed, batch_size=args.batch_size,
                       on_direction=lambda d, f: print(f"done: {d}", file=sys.stderr, flush=True),
                       joint_n=args.joint_n, refine_rounds=args.refine_rounds, every_draw=args.every_draw,
-                      repair=args.repair)
+                      repair=args.repair, refine_critic=args.refine_critic)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), data=args.data, split=args.split,
                   n_per_data_set=args.n, joint_n=args.joint_n, notes=notes, voices=args.voices)
     print(format_table(report))
@@ -127,9 +135,14 @@ def add_eval_command(sub) -> None:
     ev.add_argument("--every-draw", action="store_true", help="with --candidates N: judge every draw, not only "
                     "the kept one, and print what best-of-k reaches for each k up to N, chosen by each reading "
                     "(--agreement joint and each; one run, N draws a case)")
-    ev.add_argument("--refine-rounds", type=int, default=0, help="then refine each output against its input for "
+    ev.add_argument("--refine-rounds", type=int, default=None, help="then refine each output against its input for "
                     "up to this many rounds, with refine's defaults for that output (a caption read from a picture: "
-                    "doubtful words redrawn and kept by agreement), and judge it as refined; joint is not refined")
+                    "doubtful words redrawn and kept by agreement), and judge it as refined; joint is not refined. "
+                    "Default: as generate refines by default (speech alone, 2 rounds, when the model's critic head "
+                    "is trained; nothing else); 0: every output as drawn")
+    ev.add_argument("--refine-critic", default=None, choices=CRITICS, help="the critic the refine rounds read "
+                    "(default: refine's own for each output: content+learned for speech when the model's critic head "
+                    "is trained, confidence otherwise); refused with --refine-rounds 0")
     ev.add_argument("--voices", default="varied", help="the eSpeak voices the test captions are spoken in: varied (the "
                     "default, the voices audio->text learns to understand) or clear (the same captions in the few "
                     "voices the speech judge hears best); refused when no direction asked hears or speaks speech")

@@ -342,9 +342,10 @@ def _add_common(parser, out_help: str) -> None:
 
 
 def _add_plan_flags(parser) -> None:
-    parser.add_argument("--critic", default="confidence", help="confidence (default), content (the mass of the "
-                        "codes that decode alike: right content rather than right id), learned, content+learned "
-                        "(both: right only when both say so) or random")
+    parser.add_argument("--critic", default=None, help="confidence, content (the mass of the codes that decode "
+                        "alike: right content rather than right id), learned, content+learned (both: right only "
+                        "when both say so) or random; default: content+learned for speech when the model's critic "
+                        "head is trained, confidence otherwise")
     parser.add_argument("--fraction", type=float, default=0.25, help="most tokens flagged, as a share (0.25)")
     parser.add_argument("--threshold", type=float, default=None,
                         help="flag only tokens scored below this (default: the critic's own; for confidence per "
