@@ -350,7 +350,8 @@ class UniModal(DiffusionPipeline):
                 audio=None, to: str | Sequence[str] = "image", max_text_tokens: int | None = None,
                 max_audio_seconds: float | None = None, agreement: str | None = None,
                 **sampling) -> tuple[GenerationResult, list[GenerationResult]]:
-        """What :meth:`generate` with ``candidates`` returns, and every draw it chose from (seed order; the kept
+        """What :meth:`generate` with ``candidates`` returns, before any refine (``generate`` refines speech by
+        default: :meth:`default_refine_rounds`), and every draw it chose from (seed order; the kept
         one is the returned result itself, its ``forward_passes`` counting all draws and reads). For benchmarks
         that judge each draw: one run then gives the accuracy of best-of-k for every k up to ``candidates``
         (``unimodal eval --candidates N --every-draw``). ``sampling``: :meth:`generate`'s sampler settings.
