@@ -541,7 +541,7 @@ def evaluate(pipe, cases: Sequence[EvalCase], directions: Sequence[str] = DIRECT
                                            batch_size, progress, draws)
         repaired = repair and direction in REPAIRED_DIRECTIONS
         rounds = direction_refine_rounds(pipe, direction, refine_rounds)
-        refined = (rounds > 0 or repaired) and direction != "joint"
+        refined = rounds > 0 or repaired  # joint: no rounds, and never repaired
         if refined:
             results, refine_wall = refine_direction(pipe, direction, usable, results, rounds, seed, progress,
                                                     repaired, refine_critic)

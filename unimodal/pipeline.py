@@ -323,13 +323,9 @@ class UniModal(DiffusionPipeline):
                                           seed=result.settings.get("seed") or 0)
             repaired.settings = {**repaired.settings, "repair": trace["repair"]}
             return repaired
-        if not refine:
-            return result
-        inputs = {k: v for k, v in (("text", text), ("image", image), ("audio", audio)) if v is not None}
         # refine's own defaults, not the sampling settings above: those drew the output (a caption's temperature
         # > 0 for candidates, say), and the caption recipe's temperature 1 applies only where none is given
-        refined, _ = self.refine(result, **inputs, rounds=refine, seed=result.settings.get("seed") or 0)
-        return refined
+        return self._refined_all([{"text": text, "image": image, "audio": audio, "to": to}], [result], refine)[0]
 
     def _generate_once(self, text, image, audio, to, steps, mode, tau, temperature, top_k, top_p, cfg, seed,
                        max_text_tokens, max_audio_seconds, progress, candidates, plan, accept_confidence,
@@ -490,7 +486,7 @@ class UniModal(DiffusionPipeline):
         check_plan(plan)
         if refine is not None:
             check_refine_rounds(refine)
-            if refine and self.autoregressive:
+            if self.autoregressive and twin_refuses({"refine": refine}):
                 raise SettingError(TWIN_REFUSALS["refine"])
         check, say = resolve_rivals(rivals, self.autoregressive), resolve_rephrase(rephrase)
         if isinstance(requests, Mapping) or not isinstance(requests, Sequence) or not requests:

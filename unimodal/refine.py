@@ -180,7 +180,7 @@ def draft_of(pipe, result: GenerationResult, inputs: Mapping) -> Draft:
     """The result's tokens as a draft, with the inputs (text / image / audio) encoded as its conditions. A result
     the model planned in words (``plan="text"`` without a text output) also reads those words, as its outputs
     were generated with them, unless the caller gives a text."""
-    targets = [m for m in MODALITIES if m in result.token_ids]
+    targets = _targets(result)
     if not targets:
         raise InputError("this result holds no generated tokens to critique")
     given = {m: v for m, v in inputs.items() if v is not None}
