@@ -36,6 +36,7 @@ from unimodal.tokenizers_mm.layout import MASK, MODALITIES, Layout, Packed, Segm
 from unimodal.inference.content import ContentCritic
 from unimodal.core.errors import InputError
 from unimodal.core.readings import AGREEMENTS, check_agreement
+from unimodal.core.seeds import derived_seed
 
 CRITICS = ("learned", "confidence", "content", "content+learned", "random")
 CONTENT_CRITICS = ("content", "content+learned")  # the names made into a ContentCritic (they decode codes)
@@ -333,7 +334,7 @@ def make_critic(critic, model, layout: Layout, cfg=None, groups: int = DEFAULT_G
         return lambda draft, round_=0: callable_scores(critic, layout, draft)
     makers = {"learned": lambda draft, round_=0: learned_scores(model, layout, draft, cfg),
               "confidence": lambda draft, round_=0: confidence_scores(model, layout, draft, groups, cfg),
-              "random": lambda draft, round_=0: random_scores(layout, draft, seed + round_)}
+              "random": lambda draft, round_=0: random_scores(layout, draft, derived_seed(seed, round_))}
     if critic not in makers:
         raise InputError(f"critic must be one of {CRITICS} or a callable tokens -> scores, got {critic!r}")
     return makers[critic]

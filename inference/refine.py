@@ -42,7 +42,7 @@ from unimodal.inference.critique import (DEFAULT_FRACTION, DEFAULT_GROUPS, Draft
 from unimodal.inference.sampler import Request, SamplerConfig
 from unimodal.inference.sampler import generate as sample
 from unimodal.core.errors import InputError
-from unimodal.core.seeds import check_seed_room
+from unimodal.core.seeds import check_seed, derived_seed
 
 EVALUATORS = ("critic", "agreement", "agreement-each")
 NOT_KEPT = ("no improvement", "region cut the content after it")  # a round ran and its candidate was dropped
@@ -55,7 +55,7 @@ class RefineConfig:
     the critic's own default per modality, :func:`unimodal.inference.critique.thresholds_for`);
     ``groups``: re-masking groups of the confidence score; ``regen_steps``: sampler steps to regenerate a
     round's tokens (None: the sampler's steps scaled by the share of tokens re-masked, at least 2);
-    ``seed``: noise of the regenerations (round r uses ``seed + r``) and of the random critic; ``evaluator``:
+    ``seed``: noise of the regenerations (round r uses ``seed + r``, :func:`~unimodal.core.seeds.derived_seed`) and of the random critic; ``evaluator``:
     what decides whether a round is kept (``EVALUATORS``, see the module's docstring); ``patience``: rounds in a
     row not kept before the loop stops."""
 
@@ -76,7 +76,7 @@ class RefineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InputError(f"{name} must be an int >= {low}, got {value!r}")
-        check_seed_room(self.seed, self.rounds)
+        check_seed(self.seed)
         for name in ("budget", "regen_steps"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -232,7 +232,8 @@ def _round(model, layout, state: _Loop, plan, judge, sampler: SamplerConfig, con
     if config.budget is not None and state.passes + plan_passes + steps + state.judge_passes > config.budget:
         return "budget"
     candidate, result = regenerate(model, layout, state.draft, selection,
-                                   replace(sampler, steps=steps, seed=config.seed + round_), config.seed + round_)
+                                   replace(sampler, steps=steps, seed=derived_seed(config.seed, round_)),
+                                   derived_seed(config.seed, round_))
     scores, after, passes = judge(candidate)
     spent = plan_passes + result.forward_passes + passes
     state.passes += spent

@@ -40,7 +40,7 @@ from unimodal.inference.unmasking import (BLOCK_MODES, MODES, SAMPLER_SETTINGS, 
                                           pad_after_end, slot_blocks)
 from unimodal.tokenizers_mm.layout import MARKERS, MASK, MODALITIES, Batch, Layout, Packed, Segment, collate
 from unimodal.core.errors import InputError
-from unimodal.core.seeds import check_seed, fresh_seed
+from unimodal.core.seeds import check_seed, derived_seed, fresh_seed
 
 # ---- requests and results -----------------------------------------------------------------------------------------
 
@@ -173,7 +173,7 @@ def _prepare(layout: Layout, request: Request, index: int, config: SamplerConfig
     start_ids = _start_ids(layout, target, request.start_ids, where)
     if request.seed is not None:
         check_seed(request.seed, f"{where}: Request.seed")
-    seed = base_seed + index if request.seed is None else request.seed
+    seed = derived_seed(base_seed, index) if request.seed is None else request.seed
     return PreparedRequest(index, conditions, target, start_ids,
                      _guidance_terms(config.cfg, {s.modality for s in conditions}), seed)
 

@@ -87,6 +87,11 @@ def test_generate_refine_refines_the_output_against_its_input(model_dir, tmp_pat
     assert refined["settings"]["refine"]["critic"] == "confidence"
     assert refined["forward_passes"] == plain["forward_passes"] + refined["settings"]["refine"]["forward_passes"]
     assert (tmp_path / "caption.txt").read_text().strip() == refined["text"].strip()
+    code, out, err = run(capsys, *[f for f in flags if f != "--json"], "--refine", "2")  # a person is told too
+    summary = refined["settings"]["refine"]
+    assert code == 0, err
+    assert (f"refined by the confidence critic: {summary['rounds_kept']} of {summary['rounds_run']} round(s) kept, "
+            f"{summary['forward_passes']} forward passes, stopped: {summary['stopped']}") in out
     code, _, err = run(capsys, "generate", "--model", model_dir, "--text", "a red circle", "--refine", "-1",
                        "--out", tmp_path / "z.png")
     assert code == 2 and "refine must be a whole number of rounds from 0" in err and not (tmp_path / "z.png").exists()

@@ -454,7 +454,8 @@ def test_generate_refine_is_refine_of_the_output_against_its_inputs(pipe, tmp_pa
     expected, trace = pipe.refine(plain, image=grey, rounds=2, seed=1)
     assert trace["caption_recipe"] and trace["evaluator"] == "agreement"
     assert refined.token_ids == expected.token_ids and refined.text == expected.text
-    assert refined.settings["refine"] == {k: trace[k] for k in ("critic", "forward_passes", "stopped")}
+    assert refined.settings["refine"] == {**{k: trace[k] for k in ("critic", "forward_passes", "stopped", "rounds_kept")},
+                                         "rounds_run": len(trace["rounds"])}
     assert refined.forward_passes == plain.forward_passes + trace["forward_passes"] > plain.forward_passes
     Image.fromarray(grey).save(tmp_path / "grey.png")  # a file input is read back by refine as generate read it
     from_file = pipe.generate(image=str(tmp_path / "grey.png"), to="text", seed=1, max_text_tokens=10, refine=2,
@@ -466,19 +467,23 @@ def test_generate_refine_is_refine_of_the_output_against_its_inputs(pipe, tmp_pa
     for bad in (-1, 33, True, 1.5, "2"):
         with pytest.raises(SettingError, match="refine must be a whole number of rounds from 0"):
             pipe.generate(text="a red circle", to="image", refine=bad, **FAST)
-    from unimodal.core.seeds import SEED_LIMIT
+    from unimodal.core.seeds import SEED_LIMIT, derived_seed
 
-    calls = []
-    real = pipe._generate_once
-    pipe._generate_once = lambda *a: calls.append(1) or real(*a)  # nothing sampled before the refusal
-    try:
-        with pytest.raises(SettingError, match="seed .* leaves no room for 3 refine rounds"):
-            pipe.generate(text="a red circle", to="image", seed=SEED_LIMIT - 2, refine=3, **FAST)
-    finally:
-        del pipe._generate_once
-    assert not calls
-    with pytest.raises(InputError, match="seed must leave room for its rounds"):  # refine itself, before any work
-        pipe.refine(picture, text="a red circle", rounds=3, seed=SEED_LIMIT - 2)
+    # every accepted seed works with any rounds: the round seeds wrap around the limit (seed + r below it)
+    top = SEED_LIMIT - 1
+    near = pipe.generate(text="a red circle", to="image", seed=top, refine=3, **FAST)
+    assert near.settings["refine"]["critic"] == "confidence" and derived_seed(top, 2) == 1 and derived_seed(5, 2) == 7
+    _, near_trace = pipe.refine(picture, text="a red circle", rounds=3, seed=top, critic="random")  # always flags
+    assert near_trace["rounds"] and near_trace["config"]["seed"] == top
+    with pytest.raises(InputError, match="seed must be a non-negative int below 2\\*\\*62"):  # before any work
+        pipe.refine(picture, text="a red circle", rounds=3, seed=SEED_LIMIT)
+    # ... and any batch or candidates: request 1 after the top seed is drawn with seed 0, as one by one
+    batch = pipe.generate_batch([dict(text="a red circle", to="image"), dict(text="a blue square", to="image")],
+                                seed=top, refine=0, **FAST)
+    alone = pipe.generate(text="a blue square", to="image", seed=0, refine=0, **FAST)
+    assert batch[1].token_ids == alone.token_ids
+    assert pipe.generate(text="a red circle", to="image", seed=top, candidates=2, refine=0,
+                         **FAST).settings["candidates"]["seeds"] == [top, 0]
     # keeps the caption recipe whatever drew the caption: the sampling settings given are not refine's
     warm = pipe.generate(image=grey, to="text", seed=1, max_text_tokens=10, temperature=0.5, refine=1, **FAST)
     _, trace = pipe.refine(pipe.generate(image=grey, to="text", seed=1, max_text_tokens=10, temperature=0.5, **FAST),

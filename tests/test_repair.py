@@ -274,6 +274,10 @@ def test_generate_command_repair(tiny_caption_model_dir, tmp_path, capsys):
     assert code == 0, err
     result = json.loads(out)
     assert "check" in result["settings"]["repair"] and (tmp_path / "x.png").is_file()
+    code = main(["generate", "--model", str(tiny_caption_model_dir), "--text", DRAWN, "--steps", "2", "--repair",
+                 "--out", str(tmp_path / "y.png"), "--quiet"])  # a person is told what the repair read and did
+    out, err = capsys.readouterr()
+    assert code == 0 and f"repair: read back as {result['settings']['repair']['check'].get('read_back')!r}" in out, err
     code = main(["generate", "--model", str(tiny_caption_model_dir), "--text", DRAWN, "--to", "audio", "--repair",
                  "--out", str(tmp_path / "x.wav")])
     out, err = capsys.readouterr()

@@ -7,6 +7,7 @@ import json
 
 from unimodal.checks import AGREEMENTS, PLANS
 from unimodal.cli_common import add_model_arguments, parse_cfg
+from unimodal.cli_refine import refine_line, repair_line
 
 
 def _cmd_generate(args) -> int:
@@ -25,6 +26,11 @@ def _cmd_generate(args) -> int:
         return 0
     if result["text"] is not None:
         print(result["text"])
+    settings = result.get("settings") or {}
+    if settings.get("repair"):
+        print(repair_line(settings["repair"]))
+    if settings.get("refine"):  # speech is refined by default: say so, and what it did
+        print(refine_line(settings["refine"]))
     for kind, path in result["files"].items():
         print(f"{kind}: {path}")
     return 0

@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from collections.abc import Mapping
 
 from unimodal.core.errors import InputError, OutputPathError
 from unimodal.core.paths import atomic_write, report_json, user_path
@@ -94,6 +95,21 @@ def _cmd_critique(args) -> int:
     return 0
 
 
+def repair_line(repair: Mapping) -> str:
+    """One line for a person: what the read-back repair of a picture saw and changed."""
+    kept = [e["instruction"] for e in repair["edits"] if e["kept"]]
+    measured = "".join(f" (its pixels show the {c['read']} object {c['pixels']})" for c in repair.get("colours", []))
+    return (f"repair: read back as {repair['check'].get('read_back')!r}{measured}; "
+            + (f"{len(kept)} edit(s) made: {'; '.join(kept)}" if kept else
+               f"nothing changed ({repair.get('why') or 'no edit kept'})"))
+
+
+def refine_line(summary: Mapping) -> str:
+    """One line for a person: what ``generate``'s refine did (``settings["refine"]`` of the result)."""
+    return (f"refined by the {summary['critic']} critic: {summary['rounds_kept']} of {summary['rounds_run']} round(s) "
+            f"kept, {summary['forward_passes']} forward passes, stopped: {summary['stopped']}")
+
+
 def _cmd_refine(args) -> int:
     from unimodal.serve import load_pipeline
     from unimodal.serve_refine import run_refine
@@ -105,12 +121,7 @@ def _cmd_refine(args) -> int:
     pipe = load_pipeline(args.model, args.device)
     _, files, trace = run_refine(pipe, checked)
     if "repair" in trace:
-        repair = trace["repair"]
-        kept = [e["instruction"] for e in repair["edits"] if e["kept"]]
-        measured = "".join(f" (its pixels show the {c['read']} object {c['pixels']})" for c in repair.get("colours", []))
-        print(f"repair: read back as {repair['check'].get('read_back')!r}{measured}; "
-              + (f"{len(kept)} edit(s) made: {'; '.join(kept)}" if kept else
-                 f"nothing changed ({repair.get('why') or 'no edit kept'})"))
+        print(repair_line(trace["repair"]))
     score = "" if trace["score_initial"] is None else \
         f", score {trace['score_initial']:.4f} -> {trace['score_final']:.4f}"
     print(f"{trace['rounds_kept']} of {len(trace['rounds'])} round(s) kept{score}, {trace['forward_passes']} forward "

@@ -33,6 +33,7 @@ from unimodal.checks import EDIT_ATTEMPTS, check_attempts, check_speech_margin
 from unimodal.core.errors import InputError
 from unimodal.core.grammar import COLORS, IMAGE_SIZE, POSITIONS, SIZES, parse_scene_caption, scene_caption, scenes_equal
 from unimodal.core.instructions import apply_instruction, parse_instruction, replace_word, require_fits
+from unimodal.core.seeds import derived_seed
 from unimodal.inference.critique import agreement_score, image_region, text_offsets
 from unimodal.inference.picture_draft import dilated, draft_picture
 from unimodal.inputs import as_image
@@ -341,7 +342,7 @@ def _attempt(pipe, result, plan: dict, kind: str, seed: int, settings, candidate
     and the execute and check passes of all the attempts; ``plan["attempts"]`` records each attempt."""
     tried, execute_passes, check_passes = [], 0, 0
     for a in range(attempts):
-        edited, passes = _execute(pipe, result, plan, kind, seed + a * candidates, settings, candidates)
+        edited, passes = _execute(pipe, result, plan, kind, derived_seed(seed, a * candidates), settings, candidates)
         check = _check(pipe, edited, kind, plan["target"], seed, settings)
         execute_passes, check_passes = execute_passes + passes, check_passes + check.pop("forward_passes")
         tried.append((edited, check, plan.pop("candidates", None)))

@@ -54,7 +54,7 @@ from unimodal.core.errors import (DataError, EmptyInputError, InputError, ModelF
                              StepsCappedWarning, UnimodalError, UnknownWordsWarning)
 from unimodal.core.paths import SCHEDULER_DIR, resolve_model_dir
 from unimodal.core.grammar import unknown_words
-from unimodal.core.seeds import check_seed, check_seed_room, fresh_seed
+from unimodal.core.seeds import check_seed, derived_seed, fresh_seed
 from unimodal.inputs import as_audio, as_image, as_text
 from unimodal.core.int8 import load_pretrained
 from unimodal.results import GenerationResult
@@ -310,8 +310,6 @@ class UniModal(DiffusionPipeline):
         refused = twin_refuses({"refine": refine, "repair": repair}) if self.autoregressive else []
         if refused:
             raise SettingError(TWIN_REFUSALS[refused[0]])
-        if refine and isinstance(seed, int) and not isinstance(seed, bool):  # before anything is sampled
-            check_seed_room(seed, refine, SettingError)
         settings = {**settings, "rivals": resolve_rivals(rivals, self.autoregressive),
                     "rephrase": resolve_rephrase(rephrase)}
         result = self._generate_once(text, image, audio, to, steps, mode, tau, temperature, top_k, top_p, cfg, seed,
@@ -381,7 +379,7 @@ class UniModal(DiffusionPipeline):
                              "request has none (give text, image or audio, or candidates=1)")
         check_draws_differ(candidates, self.draws_differ(request["to"], **sampling))
         seed = fresh_seed() if seed is None else check_seed(seed, error=SettingError)
-        requests = [dict(request, seed=seed + k) for k in range(candidates)]
+        requests = [dict(request, seed=derived_seed(seed, k)) for k in range(candidates)]
         if accept_agreement is not None:
             return self._draw_until_agreed(requests, inputs, progress, sampling, agreement, accept_agreement)
         check, checked = {}, 0  # the first draw's confidence score, and its passes
@@ -415,7 +413,7 @@ class UniModal(DiffusionPipeline):
         best = draws[kept]
         best.forward_passes = sum(d.forward_passes for d in draws) + sum(calls for _, calls in read) + checked
         best.settings = {**best.settings, "candidates": {"n": candidates, "drawn": candidates, "kept": kept,
-                         "seeds": [seed + k for k in range(candidates)], "agreement": [round(v, 6) for v in scores],
+                         "seeds": [derived_seed(seed, k) for k in range(candidates)], "agreement": [round(v, 6) for v in scores],
                          "reading": agreement, "draw_passes": passes, **check}}
         if keep_draws:
             best.settings["candidates"]["by_reading"] = {
@@ -592,7 +590,7 @@ class UniModal(DiffusionPipeline):
         base_seed = settings.get("seed", 0)
         for item in ready:
             if item.seed is None and base_seed is not None:
-                item.seed = base_seed + item.index  # as one call would give it, whatever the grouping
+                item.seed = derived_seed(base_seed, item.index)  # as one call would give it, whatever the grouping
             kind = self.scheduler.target_kind(item.targets)
             free_text = kind == "text" and not item.conditions
             own = self._free_text_settings(settings) if free_text else settings

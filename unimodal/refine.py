@@ -33,6 +33,7 @@ from unimodal.core.errors import InputError, SettingError
 from unimodal.core.grammar import POSITIONS, SIZES, parse_scene_caption, scenes_equal
 from unimodal.inputs import as_audio, as_image, as_text
 from unimodal.core.paths import atomic_write
+from unimodal.core.seeds import derived_seed
 from unimodal.results import GenerationResult
 
 HEAT_SCALE = 4  # the heat map is drawn at 4x the picture's size, so 8-pixel codes are easy to see
@@ -352,6 +353,15 @@ def speech_span(duration: float, text: str, start: int, length: int, half: float
     return [round(max(0.0, middle - half), 3), round(min(duration, middle + half), 3)]
 
 
+REFINE_SUMMARY = ("critic", "forward_passes", "stopped", "rounds_kept")  # what a refined result's settings keep
+
+
+def refine_summary(trace: Mapping) -> dict:
+    """What a refined result's ``settings["refine"]`` keeps of its trace: the critic, the passes refine spent,
+    why it stopped, the rounds it ran (``rounds_run``) and kept."""
+    return {**{k: trace[k] for k in REFINE_SUMMARY}, "rounds_run": len(trace["rounds"])}
+
+
 # ---- refine and edit ----------------------------------------------------------------------------------------
 
 
@@ -409,7 +419,7 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
         trace["forward_passes"] += report.get("forward_passes", 0)
     tokens = {m: ids.tolist() for m, ids in final.tokens(pipe.layout).items()}
     refined = _decoded(pipe, tokens, confidence, result.forward_passes + trace["forward_passes"],
-                       {**result.settings, "refine": {k: trace[k] for k in ("critic", "forward_passes", "stopped")}})
+                       {**result.settings, "refine": refine_summary(trace)})
     return refined, trace
 
 
@@ -447,8 +457,8 @@ def edit(pipe, content, region: Mapping | Sequence[Mapping], text=None, image=No
         check_draws_differ(candidates, pipe._sampler_config(settings, kind).random)
         tried, passes = [], 0
         for k in range(candidates):
-            sampler = pipe._sampler_config({**settings, "seed": seed + k}, kind)
-            edited, sampled = regenerate(pipe.backbone, pipe.layout, draft, selection, sampler, seed + k)
+            sampler = pipe._sampler_config({**settings, "seed": derived_seed(seed, k)}, kind)
+            edited, sampled = regenerate(pipe.backbone, pipe.layout, draft, selection, sampler, derived_seed(seed, k))
             score, calls = agreement_score(pipe.backbone, pipe.layout, edited) if candidates > 1 else (None, 0)
             passes += sampled.forward_passes + calls
             tried.append((score, edited, sampled))
@@ -459,7 +469,7 @@ def edit(pipe, content, region: Mapping | Sequence[Mapping], text=None, image=No
     record = {"regions": regions, "tokens_remasked": changed}
     if candidates > 1:
         record.update(candidates=candidates, kept=kept, agreement=[round(t[0], 6) for t in tried])
-    return _decoded(pipe, tokens, sampled.confidence, passes, {"edit": record, "seed": seed + kept})
+    return _decoded(pipe, tokens, sampled.confidence, passes, {"edit": record, "seed": derived_seed(seed, kept)})
 
 
 # ---- pictures for a person ----------------------------------------------------------------------------------

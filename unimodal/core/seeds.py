@@ -1,8 +1,10 @@
 """The one rule for a seed, shared by every door that accepts one (SamplerConfig, Request, the pipeline, the
 request checks of the CLI and the servers), so a seed one of them takes is never refused by another.
 
-A seed is None (draw a fresh one, reported in the result) or an int in ``[0, SEED_LIMIT)``. The limit leaves
-room below torch's 2**64 for the seeds derived from it: request ``i`` of a batch uses ``seed + i``.
+A seed is None (draw a fresh one, reported in the result) or an int in ``[0, SEED_LIMIT)``. The seeds derived
+from it (request ``i`` of a batch, candidate ``k``, refine round ``r``: ``seed + i`` and alike) wrap around the
+limit (:func:`derived_seed`), so every accepted seed works with any batch size, candidates and rounds, and a seed
+below the limit minus the offset derives exactly ``seed + offset``.
 """
 
 from __future__ import annotations
@@ -21,12 +23,10 @@ def check_seed(seed, name: str = "seed", error: type[InputError] = InputError) -
     return seed
 
 
-def check_seed_room(seed: int, rounds: int, error: type[InputError] = InputError) -> None:
-    """Refuse a ``seed`` whose derived seeds run past the limit: refine's round r regenerates with ``seed + r``, so
-    ``rounds`` rounds need ``seed + rounds - 1 < SEED_LIMIT`` (checked before any work, not at the last round)."""
-    if seed + max(rounds - 1, 0) >= SEED_LIMIT:
-        raise error(f"seed must leave room for its rounds (round r regenerates with seed + r, below 2**62): seed "
-                    f"{seed} leaves no room for {rounds} refine rounds; give a seed below {SEED_LIMIT - rounds + 1}")
+def derived_seed(seed: int, offset: int) -> int:
+    """The seed ``offset`` draws after ``seed`` (batch request ``i``, candidate ``k``, refine round ``r``):
+    ``seed + offset`` wrapped into ``[0, SEED_LIMIT)``, so it is itself an accepted seed."""
+    return (seed + offset) % SEED_LIMIT
 
 
 def fresh_seed() -> int:
@@ -34,4 +34,4 @@ def fresh_seed() -> int:
     return secrets.randbelow(SEED_LIMIT)
 
 
-__all__ = ["SEED_LIMIT", "check_seed", "check_seed_room", "fresh_seed"]
+__all__ = ["SEED_LIMIT", "check_seed", "derived_seed", "fresh_seed"]
