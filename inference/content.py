@@ -6,11 +6,13 @@ the model finds unlikely as an id can still be one whose content the model expec
 over codes that all decode alike. Scored that way, confidence calls right content wrong (on the shipped model,
 AUROC at finding codes wrong by decoded content: pictures 0.61, speech 0.65).
 
-This critic scores a code by the model's probability mass on the codes that decode like it, within the
-threshold that defines a wrong code (:mod:`unimodal.core.wrong`: 0.05 of the pixel range over the code's patch,
-0.5 mel standard deviations over its frames): the model's probability that the content there is right, by the
-definition the critic's labels and benchmarks use. Captions are scored as by confidence (a word is
-its content).
+This critic scores a code by the model's probability mass on the codes that decode like it: for pictures within
+the threshold that defines a wrong code (:mod:`unimodal.core.wrong`: 0.05 of the pixel range over the code's
+patch), the model's probability that the content there is right by the definition the critic's labels and
+benchmarks use; for speech within a stricter 0.3 mel standard deviations over the code's frames
+(:data:`~unimodal.core.wrong.AUDIO_ALIKE`; a wrong code differs by more than 0.5), since mass on codes that sound
+nearly but not quite alike is the model's doubt, not agreement (chosen on validation clips; docs/critique.md, "A
+stricter ear for the speech critic"). Captions are scored as by confidence (a word is its content).
 
 - speech, in context: each of the position's likeliest codes (those holding at least ``min_p``, at most
   ``top_k``) is substituted into the draft and decoded with the codes around it, out to the decoder's reach
@@ -27,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from unimodal.core.errors import InputError
-from unimodal.core.wrong import AUDIO_THRESHOLD, IMAGE_THRESHOLD
+from unimodal.core.wrong import AUDIO_ALIKE, IMAGE_THRESHOLD
 
 DEFAULT_TOP_K = 32  # speech: at most this many alternatives decoded per position
 DEFAULT_MIN_P = 0.005  # ... and only those the model gives at least this probability (the rest count as unlike)
@@ -41,7 +43,7 @@ class ContentCritic:
     ``audio_model`` None scores that modality by confidence."""
 
     def __init__(self, image_model=None, audio_model=None, top_k: int = DEFAULT_TOP_K, min_p: float = DEFAULT_MIN_P,
-                 image_threshold: float = IMAGE_THRESHOLD, audio_threshold: float = AUDIO_THRESHOLD,
+                 image_threshold: float = IMAGE_THRESHOLD, audio_threshold: float = AUDIO_ALIKE,
                  with_head: bool = False):
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1 or not 0 <= min_p < 1:
             raise InputError(f"the content critic needs top_k an int >= 1 and min_p in [0, 1), got {top_k!r} and "

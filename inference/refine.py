@@ -155,19 +155,23 @@ class _Loop:
     judge_passes: int  # what one evaluation costs
     confidence: dict  # per modality, the probability each token had when last sampled
     critic: object  # the planning critic (its name sets the default thresholds)
+    keep: dict  # per modality, the tokens no plan re-masks
 
 
 def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confidence",
            config: RefineConfig | None = None, cfg=None, text_codec=None,
            regions: Sequence[Mapping] | None = None, confidence: Mapping | None = None,
-           on_round: Callable[[int, Draft], None] | None = None) -> tuple[Draft, dict, dict]:
+           on_round: Callable[[int, Draft], None] | None = None,
+           keep: Mapping[str, torch.Tensor] | None = None) -> tuple[Draft, dict, dict]:
     """Refine ``draft``; returns the final draft, per-token confidences of its tokens, and the trace.
 
     ``sampler``: the settings regenerations use (their steps are set per round, see :class:`RefineConfig`);
     ``cfg``: the guidance the confidence score reads logits with (the sampler's, as a rule); ``regions``: a
     caller's plan, executed in the first round instead of the critic's; ``confidence``: the draft's
     per-token confidences (carried into the result for tokens no round changes); ``on_round(r, draft)``: called
-    after each round r (1-based) that ran, with the draft as it stands then (a benchmark judges it).
+    after each round r (1-based) that ran, with the draft as it stands then (a benchmark judges it); ``keep``: per
+    modality, a bool mask over its content tokens that no critic's plan re-masks (what a repair already made right:
+    their scores read as 1); a caller's ``regions`` are executed as given.
     """
     config = config or RefineConfig()
     if config.evaluator.startswith("agreement") and not draft.conditions:
@@ -189,7 +193,8 @@ def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confiden
     reuse = config.evaluator == "critic" and judged_by is critic  # the evaluation's scores plan the next round
     scores, score, passes = judge(draft)
     state = _Loop(draft, scores, score, passes, passes,
-                  {m: torch.as_tensor(v, dtype=torch.float32) for m, v in (confidence or {}).items()}, critic)
+                  {m: torch.as_tensor(v, dtype=torch.float32) for m, v in (confidence or {}).items()}, critic,
+                  {m: torch.as_tensor(k, dtype=torch.bool) for m, k in (keep or {}).items()})
     trace = {"critic": critic_name(critic), "evaluator": evaluator,
              "config": {k: getattr(config, k) for k in config.__dataclass_fields__},
              "thresholds": {m: v for m, v in thresholds_for(critic, config.threshold).items()
@@ -211,6 +216,25 @@ def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confiden
     return state.draft, state.confidence, trace
 
 
+def _kept_out(scores: Mapping[str, torch.Tensor], keep: Mapping[str, torch.Tensor]) -> dict:
+    """The critic's scores with the tokens to keep read as sure (1): no plan flags them."""
+    out = dict(scores)
+    for modality, mask in keep.items():
+        if modality in out:  # a caption may end elsewhere after a round: the tokens both hold
+            score = torch.as_tensor(out[modality]).clone()
+            n = min(len(score), len(mask))
+            score[:n] = score[:n].masked_fill(mask[:n], 1.0)
+            out[modality] = score
+    return out
+
+
+def _fitted(mask: torch.Tensor, n: int) -> torch.Tensor:
+    """``mask`` cut or padded (False) to ``n`` tokens."""
+    out = torch.zeros(n, dtype=torch.bool)
+    out[:min(n, len(mask))] = mask[:n]
+    return out
+
+
 def _round(model, layout, state: _Loop, plan, judge, sampler: SamplerConfig, config: RefineConfig, round_: int,
            trace: dict, text_codec, given_regions) -> str | None:
     """One plan-execute-evaluate round; returns why the loop stops, or None to go on. ``plan`` None: plan from
@@ -221,12 +245,19 @@ def _round(model, layout, state: _Loop, plan, judge, sampler: SamplerConfig, con
                    for r in given_regions]  # the trace says exactly what a caller's region covered
     else:
         scores, plan_passes = (state.scores, 0) if plan is None else plan(state.draft, round_)
+        scores = _kept_out(scores, state.keep)
         regions = plan_regions(layout, state.draft, scores, config, text_codec, state.critic)
     if not regions:
         state.passes += plan_passes
         return "nothing flagged"
     selection = selection_of(layout, regions, state.draft, text_codec)
+    if given_regions is None:  # a region is a box or span around what was flagged: what is kept stays out of it
+        selection = {m: chosen & ~_fitted(state.keep[m], len(chosen)) if m in state.keep else chosen
+                     for m, chosen in selection.items()}
     n_masked = int(sum(int(s.sum()) for s in selection.values()))
+    if not n_masked:  # all it flagged is kept
+        state.passes += plan_passes
+        return "nothing flagged"
     n_tokens = int(sum(len(s) for s in selection.values()))
     steps = regen_steps(config, sampler, n_masked, n_tokens)
     if config.budget is not None and state.passes + plan_passes + steps + state.judge_passes > config.budget:

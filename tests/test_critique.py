@@ -234,6 +234,18 @@ def test_content_critic_counts_the_mass_of_codes_that_decode_alike():
     torch.testing.assert_close(rare.near_mass("audio", own, probs), torch.tensor([0.1, 0.2, 0.8]))
     one = ContentCritic(audio_model=_FakeAudioModel())  # a clip of one code
     torch.testing.assert_close(one.near_mass("audio", own[:1], probs[:1]), torch.tensor([0.7]))
+    # speech codes count as alike only within AUDIO_ALIKE (0.3 mel standard deviations, stricter than a wrong
+    # code's 0.5): code 1 decoding 0.4 away is counted by a critic whose ear is set at the label's threshold only
+    from unimodal.core.wrong import AUDIO_ALIKE, AUDIO_THRESHOLD
+
+    class Near(_FakeAudioModel):
+        table = torch.tensor([0.0, 0.4, 3.0, -3.0])
+
+    strict, label = ContentCritic(audio_model=Near(), top_k=3), ContentCritic(audio_model=Near(), top_k=3,
+                                                                               audio_threshold=AUDIO_THRESHOLD)
+    assert strict.thresholds["audio"] == AUDIO_ALIKE == 0.3 and AUDIO_THRESHOLD == 0.5
+    torch.testing.assert_close(strict.near_mass("audio", own, probs), torch.tensor([0.1, 0.2, 0.8]))
+    torch.testing.assert_close(label.near_mass("audio", own, probs), torch.tensor([0.7, 0.2, 0.8]))
     with pytest.raises(InputError, match="top_k an int >= 1"):
         ContentCritic(top_k=0)
 
@@ -416,6 +428,28 @@ def test_a_perfect_critic_leaves_a_right_sample_alone_and_finds_a_corrupted_ones
     assert [r["box"] for r in report.regions] == [[0, 0, 16, 16], [40, 40, 48, 48]]
     repaired, trace = pipe.refine(_result(pipe, corrupt), text=PROMPT, critic=perfect, rounds=1, **FAST)
     assert set(_changed({"image": corrupt.tolist()}, repaired.token_ids)["image"]) <= {0, 1, 8, 9, 45}
+
+
+def test_refine_never_re_masks_what_it_is_told_to_keep(pipe, image_result):
+    """``keep``: regions no critic's plan re-masks (what a repair made right): a critic that doubts every code
+    redraws all but the kept box; the kept codes are exactly as they were."""
+    truth = torch.tensor(image_result.token_ids["image"])
+
+    def doubts_all(tokens):
+        return {"image": torch.zeros(len(tokens["image"]))}
+
+    box = {"modality": "image", "box": [0, 0, 16, 16]}  # codes 0, 1, 8, 9 of the tiny 8x8 grid
+    kept, trace = pipe.refine(image_result, text=PROMPT, critic=doubts_all, rounds=1, fraction=1.0, keep=[box],
+                              **FAST)
+    assert trace["rounds"] and trace["rounds"][0]["tokens_remasked"] == len(truth) - 4
+    after = torch.tensor(kept.token_ids["image"])
+    assert after[[0, 1, 8, 9]].tolist() == truth[[0, 1, 8, 9]].tolist()
+    _, free = pipe.refine(image_result, text=PROMPT, critic=doubts_all, rounds=1, fraction=1.0, **FAST)
+    assert free["rounds"][0]["tokens_remasked"] == len(truth)  # without keep: every code
+    everything = {"modality": "image", "box": [0, 0, 64, 64]}
+    same, none = pipe.refine(image_result, text=PROMPT, critic=doubts_all, rounds=1, fraction=1.0, keep=[everything],
+                             **FAST)
+    assert none["stopped"] == "nothing flagged" and same.token_ids == image_result.token_ids
 
 
 def _result(pipe, image_ids):

@@ -98,6 +98,26 @@ def test_a_colour_read_otherwise_is_changed_from_the_objects_own_pixels(pipe, mo
     assert json.loads(json.dumps(trace)) == trace
 
 
+def test_refine_rounds_after_a_repair_keep_what_it_edited(pipe, monkeypatch):
+    """A critic that doubts every code, one round after the repair: it redraws the rest of the picture, never
+    the circle's box the repair redrafted (before, rounds after a repair undid repairs)."""
+    import torch
+
+    _reads(pipe, monkeypatch, DRAWN)
+    picture = _picture(pipe)
+    repaired, first = pipe.refine(picture, text="a small blue circle on the left", repair=True, rounds=0)
+
+    def doubts_all(tokens):
+        return {"image": torch.zeros(len(tokens["image"]))}
+
+    fixed, trace = pipe.refine(picture, text="a small blue circle on the left", repair=True, rounds=1,
+                               critic=doubts_all, fraction=1.0, steps=2)
+    (edit,) = trace["repair"]["edits"]
+    inside = sorted(set().union(*(pipe.layout.image_box_to_positions(r["box"]).tolist() for r in edit["regions"])))
+    assert trace["rounds"] and trace["rounds"][0]["tokens_remasked"] == len(picture.token_ids["image"]) - len(inside)
+    assert [fixed.token_ids["image"][k] for k in inside] == [repaired.token_ids["image"][k] for k in inside]
+
+
 def test_a_pair_read_alike_is_repaired_object_by_object_in_the_half_its_relation_gives_it(pipe, monkeypatch):
     from dataclasses import replace
 

@@ -369,7 +369,8 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
            critic=None, fraction: float = 0.25, threshold: float | None = None, groups: int = 4,
            regen_steps: int | None = None, regions: Sequence[Mapping] | None = None, check: bool = False,
            cfg=None, seed: int = 0, evaluator: str | None = None, patience: int | None = None, on_round=None,
-           model_caption: bool | None = None, **settings) -> tuple[GenerationResult, dict]:
+           model_caption: bool | None = None, keep: Sequence[Mapping] | None = None,
+           **settings) -> tuple[GenerationResult, dict]:
     """Re-mask flagged regions and regenerate them, round by round; the refined result and the trace.
 
     ``regions``: the caller's plan for the first round (native units); ``check``: plan the first round from
@@ -380,6 +381,7 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
     the loop stops (each retry re-plans and samples anew); ``settings``: sampler settings of the regenerations (as
     :meth:`UniModal.generate` takes them; their steps are set per round unless ``regen_steps``);
     ``on_round(r, result)``: called after each round that ran with the result as it stands (for benchmarks).
+    ``keep``: regions (native units, as ``regions``) no critic's plan re-masks: what a repair made right.
     Defaults: ``evaluator`` "critic" and ``patience`` 1, except for a caption the model wrote from an input,
     which is refined by :data:`CAPTION_REFINE` (each of its settings only where the caller gives none) with
     ``patience`` equal to ``rounds``; the trace's ``config``, ``regen_temperature`` and ``caption_recipe`` say
@@ -408,11 +410,12 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
             if settings.get("temperature") is None:
                 settings["temperature"] = CAPTION_REFINE["temperature"]
         sampler = pipe._sampler_config(settings, pipe.scheduler.target_kind([s.modality for s in draft.target.spans]))
+        kept = selection_of(pipe.layout, keep, draft, pipe.text_codec) if keep else None
         final, confidence, trace = refine_draft(pipe.backbone, pipe.layout, draft, sampler,
                                                 scoring_critic(pipe, critic), config,
                                                 _scoring_cfg(pipe, draft, cfg), pipe.text_codec, regions,
                                                 {m: torch.tensor(v) for m, v in result.confidence.items()},
-                                                _round_hook(pipe, on_round))
+                                                _round_hook(pipe, on_round), kept)
     trace["regen_temperature"], trace["caption_recipe"] = sampler.temperature, caption
     if report is not None:
         trace["check"] = report

@@ -127,10 +127,11 @@ def refine_with_repair(pipe, result, text=None, audio=None, seed: int = 0, round
     """``UniModal.refine(result, ..., repair=True)``: :func:`repair_by_reading` against the request (``text=``,
     or what the model hears in ``audio=``, the speech the picture was drawn from: the trace's ``repair.request``),
     then :func:`unimodal.refine.refine` with ``rounds`` and ``kwargs`` on the repaired picture (``rounds=0``, the
-    default: the repair alone, no critic pass; a critic round after it redraws what the model doubts, the colour
-    the repair gave a held-out shape among it, and undid 21% of the repairs on the held-out pairs with the
-    content critic); the trace gains ``repair`` and its passes, and a ``budget`` counts them. The
-    refine settings are checked before the repair reads anything."""
+    default: the repair alone, no critic pass). The rounds after a repair keep what it edited (``keep``: no
+    critic re-masks the regions of its kept edits); they still redraw what the critic doubts elsewhere, and one
+    confidence round after the repair took the held-out pairs from 0.870 to 0.835 (docs/critique.md), so none is
+    the default. The trace gains ``repair`` and its passes, and a ``budget`` counts them. The refine settings are
+    checked before the repair reads anything."""
     from dataclasses import replace
 
     from unimodal.inference.refine import RefineConfig
@@ -166,6 +167,8 @@ def refine_with_repair(pipe, result, text=None, audio=None, seed: int = 0, round
     else:
         if kwargs.get("budget") is not None:
             kwargs["budget"] = max(kwargs["budget"] - spent, 1)
+        edited = [region for e in repaired["edits"] if e["kept"] for region in e.get("regions", [])]
+        kwargs["keep"] = list(kwargs.get("keep") or []) + edited
         refined, trace = refine(pipe, fixed, text=text, audio=audio, seed=seed, rounds=rounds, **kwargs)
     trace["repair"] = repaired
     trace["forward_passes"] += spent
