@@ -33,6 +33,7 @@ from unimodal.core.errors import InputError
 from unimodal.core.paths import model_hash  # noqa: F401  (re-exported: the reports' model hash)
 from unimodal.core.ranking import auroc, auroc_within
 from unimodal.core.readings import check_agreement
+from unimodal.core.seeds import derived_seed
 from unimodal.core.grammar import parse_digit_caption, parse_scene_caption, scenes_equal
 
 DIRECTIONS = ("text->image", "image->text", "audio->text", "text->audio", "image->audio", "audio->image", "joint")
@@ -153,7 +154,7 @@ def eval_requests(direction: str, cases: Sequence[EvalCase], seed: int) -> list[
     requests = []
     for index, case in enumerate(cases):
         inputs = {"text": case.text, "image": case.image, "audio": case.audio}
-        requests.append({**{m: inputs[m] for m in conditions}, "to": list(targets), "seed": seed + index})
+        requests.append({**{m: inputs[m] for m in conditions}, "to": list(targets), "seed": derived_seed(seed, index)})
     return requests
 
 
@@ -229,7 +230,7 @@ def refine_direction(pipe, direction: str, cases: Sequence[EvalCase], results: S
     for index, (case, result) in enumerate(tqdm(list(zip(cases, results)), desc=f"{direction} (refine)",
                                                 disable=not progress, leave=False)):
         inputs = {m: getattr(case, m) for m in conditions}
-        refined.append(pipe.refine(result, **inputs, rounds=rounds, seed=seed + index,
+        refined.append(pipe.refine(result, **inputs, rounds=rounds, seed=derived_seed(seed, index),
                                    **({"repair": True} if repair else {}),
                                    **({"critic": critic} if critic is not None else {}))[0])
     return refined, (time.perf_counter() - start) / max(len(results), 1)

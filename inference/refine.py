@@ -170,8 +170,8 @@ def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confiden
     caller's plan, executed in the first round instead of the critic's; ``confidence``: the draft's
     per-token confidences (carried into the result for tokens no round changes); ``on_round(r, draft)``: called
     after each round r (1-based) that ran, with the draft as it stands then (a benchmark judges it); ``keep``: per
-    modality, a bool mask over its content tokens that no critic's plan re-masks (what a repair already made right:
-    their scores read as 1); a caller's ``regions`` are executed as given.
+    modality, a bool mask over its content tokens that no round re-masks, whoever planned it (what a repair already
+    made right: the critic reads them as sure, and they are taken out of any region, ``regions`` included).
     """
     config = config or RefineConfig()
     if config.evaluator.startswith("agreement") and not draft.conditions:
@@ -251,9 +251,10 @@ def _round(model, layout, state: _Loop, plan, judge, sampler: SamplerConfig, con
         state.passes += plan_passes
         return "nothing flagged"
     selection = selection_of(layout, regions, state.draft, text_codec)
-    if given_regions is None:  # a region is a box or span around what was flagged: what is kept stays out of it
-        selection = {m: chosen & ~_fitted(state.keep[m], len(chosen)) if m in state.keep else chosen
-                     for m, chosen in selection.items()}
+    # a region is a box or span around what was flagged (or a plan given for the first round, a caller's or the
+    # cross-modal check's): what is kept stays out of it
+    selection = {m: chosen & ~_fitted(state.keep[m], len(chosen)) if m in state.keep else chosen
+                 for m, chosen in selection.items()}
     n_masked = int(sum(int(s.sum()) for s in selection.values()))
     if not n_masked:  # all it flagged is kept
         state.passes += plan_passes

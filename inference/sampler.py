@@ -22,8 +22,8 @@ Every target slot starts as MASK (or as given in ``Request.start_ids``, for edit
    costing no model call; in ``semi_ar`` that is what stops further blocks from opening.
 
 Requests with the same target structure and the same guidance terms run as one batch; each request draws its
-noise from its own generator (seed ``config.seed + index`` unless ``Request.seed`` is set), so batching
-never changes a request's tokens (up to floating-point ties).
+noise from its own generator (seed ``config.seed + index``, wrapped below 2**62 by ``derived_seed``, unless
+``Request.seed`` is set), so batching never changes a request's tokens (up to floating-point ties).
 """
 
 from __future__ import annotations

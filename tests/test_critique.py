@@ -450,6 +450,11 @@ def test_refine_never_re_masks_what_it_is_told_to_keep(pipe, image_result):
     same, none = pipe.refine(image_result, text=PROMPT, critic=doubts_all, rounds=1, fraction=1.0, keep=[everything],
                              **FAST)
     assert none["stopped"] == "nothing flagged" and same.token_ids == image_result.token_ids
+    given, plan = pipe.refine(image_result, text=PROMPT, rounds=1, regions=[everything], keep=[box], **FAST)
+    assert plan["rounds"][0]["tokens_remasked"] == len(truth) - 4 and plan["keep"] == [box]  # a given plan too
+    assert torch.tensor(given.token_ids["image"])[[0, 1, 8, 9]].tolist() == truth[[0, 1, 8, 9]].tolist()
+    with pytest.raises(InputError, match="keep must be a list of regions"):
+        pipe.refine(image_result, text=PROMPT, rounds=1, keep=box, **FAST)
 
 
 def _result(pipe, image_ids):
@@ -585,6 +590,11 @@ def test_an_edit_with_candidates_keeps_the_one_that_agrees_best(pipe, image_resu
     assert set(_changed(image_result.token_ids, edited.token_ids)["image"]) <= inside
     with pytest.raises(SettingError, match="candidates"):
         pipe.edit(image_result, region, text="a blue square", candidates=0)
+    for bad in (-1, 2**62):  # refused as given, not wrapped into a seed it was not
+        with pytest.raises(SettingError, match="seed must be a non-negative int below 2\\*\\*62"):
+            pipe.edit(image_result, region, text="a blue square", seed=bad)
+        with pytest.raises(SettingError, match="seed must be a non-negative int below 2\\*\\*62"):
+            pipe.edit(image_result, instruction="make the square blue", text="a large red square", seed=bad)
     with pytest.raises(InputError, match="new description"):
         pipe.edit(image_result, region, candidates=2)
     with pytest.raises(SettingError, match="greedy sampling"):  # every regeneration would be the same

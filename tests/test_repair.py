@@ -214,6 +214,13 @@ def test_a_picture_drawn_from_speech_is_repaired_against_what_the_model_hears(pi
     assert fixed.token_ids["image"] != picture.token_ids["image"]
 
 
+def test_the_repair_line_says_when_nothing_was_read():
+    from unimodal.cli_refine import repair_line
+
+    assert repair_line({"edits": [], "why": "the speech was heard as no words", "forward_passes": 0}) == \
+        "repair: nothing changed (the speech was heard as no words)"
+
+
 def test_repair_needs_a_picture_and_its_request(pipe):
     picture = pipe.generate(text=DRAWN, to="image", steps=1)
     with pytest.raises(InputError, match=r"give a picture and its request as text= \(or the speech"):

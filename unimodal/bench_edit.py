@@ -28,6 +28,7 @@ from unimodal.core.errors import InputError, OutputPathError
 from unimodal.core.grammar import COLORS, POSITIONS, SHAPES
 from unimodal.core.media import SAMPLE_RATE
 from unimodal.core.paths import atomic_write, user_path
+from unimodal.core.seeds import derived_seed
 from unimodal.refine import SPEECH_MARGIN
 
 REPORT_FILE = "bench_edit.json"
@@ -150,12 +151,12 @@ def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modalit
     source = getattr(case, modality)  # the case's picture, clip or caption
     source_right, _, source_extra = _judge(judge, modality, source, case.truth)
     row = {"case": k, "caption": case.text, "objects": len(case.truth["objects"]), "instruction": instruction,
-           "seed": seed + k, "source_judged_right": source_right,
+           "seed": derived_seed(seed, k), "source_judged_right": source_right,
            **{f"source_{key}": value for key, value in source_extra.items()}}
     start = time.perf_counter()
     try:
         edited, trace = pipe.edit((source, SAMPLE_RATE) if modality == "audio" else source, instruction=instruction,
-                                  text=None if modality == "text" else case.text, seed=seed + k,
+                                  text=None if modality == "text" else case.text, seed=derived_seed(seed, k),
                                   candidates=candidates, attempts=attempts, modality=modality,
                                   **({"draft": draft, "touch_up": touch_up} if modality == "image" else {}),
                                   **({"speech_margin": speech_margin} if speech_margin is not None else {}))

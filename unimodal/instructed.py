@@ -30,10 +30,10 @@ import numpy as np
 import torch
 
 from unimodal.checks import EDIT_ATTEMPTS, check_attempts, check_speech_margin
-from unimodal.core.errors import InputError
+from unimodal.core.errors import InputError, SettingError
 from unimodal.core.grammar import COLORS, IMAGE_SIZE, POSITIONS, SIZES, parse_scene_caption, scene_caption, scenes_equal
 from unimodal.core.instructions import apply_instruction, parse_instruction, replace_word, require_fits
-from unimodal.core.seeds import derived_seed
+from unimodal.core.seeds import check_seed, derived_seed
 from unimodal.inference.critique import agreement_score, image_region, text_offsets
 from unimodal.inference.picture_draft import dilated, draft_picture
 from unimodal.inputs import as_image
@@ -72,6 +72,7 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     read-backs and the regeneration."""
     parsed = parse_instruction(instruction)
     asked_attempts = None if attempts is None else check_attempts(attempts)
+    check_seed(seed, error=SettingError)  # before its attempts' seeds are derived from it
     attempts = EDIT_ATTEMPTS if attempts is None else attempts
     if speech_margin is not None:
         speech_margin = check_speech_margin(speech_margin)

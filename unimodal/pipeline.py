@@ -277,7 +277,7 @@ class UniModal(DiffusionPipeline):
         redo; a caption read from a picture or speech gets its own recipe, words it is unsure of redrawn at
         temperature 1 and a round kept only when the input reads back better (reading test pictures went 0.810 ->
         0.925 with 3 rounds at ~2x the passes, docs/critique.md). ``forward_passes`` counts the rounds too;
-        ``result.settings["refine"]`` says what ran (critic, passes, why it stopped). ``refine=None`` (the
+        ``result.settings["refine"]`` says what ran (critic, passes, why it stopped, rounds run and kept). ``refine=None`` (the
         default): speech alone (``to="audio"``) on a model whose critic head is trained is refined
         :data:`~unimodal.refine.SPEECH_REFINE_ROUNDS` rounds by its best critic (image->audio 0.715 -> 0.780 on
         the validation scenes at 1.4x the passes, docs/results.md, "Speech refined by its critic"); anything else
@@ -474,7 +474,8 @@ class UniModal(DiffusionPipeline):
         ``max_text_tokens``, ``max_audio_seconds``; ``settings`` are :meth:`generate`'s sampling keywords,
         shared by all (``plan``, ``rivals``, ``rephrase`` and ``refine`` as there: ``refine=None`` refines each
         request's output as ``generate`` would, one request at a time after the batch). Request ``i`` without its own seed uses
-        ``seed + i``, so ``generate_batch`` gives what ``generate(seed=seed + i)`` gives one by one. Every request is
+        ``seed + i`` (wrapped below 2**62: :func:`unimodal.core.seeds.derived_seed`), so ``generate_batch`` gives
+        what ``generate(seed=seed + i)`` gives one by one. Every request is
         checked and its inputs read before any sampling starts. ``errors="raise"`` (default): the first bad request raises
         its error; ``"return"``: a bad request's place in the list holds its error (a :class:`UnimodalError`) and
         the others their results, the same results they would get without it.

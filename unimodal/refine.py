@@ -33,7 +33,7 @@ from unimodal.core.errors import InputError, SettingError
 from unimodal.core.grammar import POSITIONS, SIZES, parse_scene_caption, scenes_equal
 from unimodal.inputs import as_audio, as_image, as_text
 from unimodal.core.paths import atomic_write
-from unimodal.core.seeds import derived_seed
+from unimodal.core.seeds import check_seed, derived_seed
 from unimodal.results import GenerationResult
 
 HEAT_SCALE = 4  # the heat map is drawn at 4x the picture's size, so 8-pixel codes are easy to see
@@ -410,6 +410,9 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
             if settings.get("temperature") is None:
                 settings["temperature"] = CAPTION_REFINE["temperature"]
         sampler = pipe._sampler_config(settings, pipe.scheduler.target_kind([s.modality for s in draft.target.spans]))
+        if keep is not None and (isinstance(keep, (Mapping, str)) or not isinstance(keep, Sequence)):
+            raise InputError(f"keep must be a list of regions (each like {{'modality': 'image', 'box': [x0, y0, x1, "
+                             f"y1]}}), got {type(keep).__name__}")
         kept = selection_of(pipe.layout, keep, draft, pipe.text_codec) if keep else None
         final, confidence, trace = refine_draft(pipe.backbone, pipe.layout, draft, sampler,
                                                 scoring_critic(pipe, critic), config,
@@ -417,6 +420,8 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
                                                 {m: torch.tensor(v) for m, v in result.confidence.items()},
                                                 _round_hook(pipe, on_round), kept)
     trace["regen_temperature"], trace["caption_recipe"] = sampler.temperature, caption
+    if keep:
+        trace["keep"] = [dict(r) for r in keep]
     if report is not None:
         trace["check"] = report
         trace["forward_passes"] += report.get("forward_passes", 0)
@@ -448,6 +453,7 @@ def edit(pipe, content, region: Mapping | Sequence[Mapping], text=None, image=No
     (:func:`unimodal.inference.critique.agreement_score`, one model call each); the result's settings say
     which was kept and every candidate's score."""
     check_candidates(candidates)
+    check_seed(seed, error=SettingError)  # before its candidates' seeds are derived from it
     result = as_result(pipe, content, modality)
     regions = [region] if isinstance(region, Mapping) else list(region)
     with pipe._lock:
