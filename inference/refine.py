@@ -55,8 +55,8 @@ class RefineConfig:
     the critic's own default per modality, :func:`unimodal.inference.critique.thresholds_for`);
     ``groups``: re-masking groups of the confidence score; ``regen_steps``: sampler steps to regenerate a
     round's tokens (None: the sampler's steps scaled by the share of tokens re-masked, at least 2);
-    ``seed``: noise of the regenerations (round r uses ``seed + r``, :func:`~unimodal.core.seeds.derived_seed`) and of the random critic; ``evaluator``:
-    what decides whether a round is kept (``EVALUATORS``, see the module's docstring); ``patience``: rounds in a
+    ``seed``: noise of the regenerations (round r uses ``seed + r``, :func:`~unimodal.core.seeds.derived_seed`)
+    and of the random critic; ``evaluator``: what decides whether a round is kept (``EVALUATORS``, see the module's docstring); ``patience``: rounds in a
     row not kept before the loop stops."""
 
     rounds: int = 3
@@ -221,10 +221,8 @@ def _kept_out(scores: Mapping[str, torch.Tensor], keep: Mapping[str, torch.Tenso
     out = dict(scores)
     for modality, mask in keep.items():
         if modality in out:  # a caption may end elsewhere after a round: the tokens both hold
-            score = torch.as_tensor(out[modality]).clone()
-            n = min(len(score), len(mask))
-            score[:n] = score[:n].masked_fill(mask[:n], 1.0)
-            out[modality] = score
+            score = torch.as_tensor(out[modality])
+            out[modality] = score.masked_fill(_fitted(mask, len(score)), 1.0)
     return out
 
 

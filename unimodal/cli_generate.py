@@ -76,7 +76,7 @@ def add_generate_commands(sub) -> None:
                      help="then refine the output against the inputs for this many rounds (re-mask what the model "
                           "doubts, regenerate it, keep a round only if it reads better; a caption of a picture "
                           "read 0.810 -> 0.925 with 3, at ~2x the passes; default: 2 for speech alone when the model's critic "
-                          "head is trained, image->audio 0.715 -> 0.780 at 1.4x the passes; 0 otherwise)")
+                          "head is trained, image->audio 0.715 -> 0.815 at 1.5x the passes; 0 otherwise)")
     gen.add_argument("--repair", action="store_true", default=None,
                      help="a picture drawn from --text or --audio: then read it back and change each colour, size or "
                           "place it shows otherwise than the request, from the object's own pixels (held-out "

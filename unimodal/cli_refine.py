@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 
 from unimodal.core.errors import InputError, OutputPathError
 from unimodal.core.paths import atomic_write, report_json, user_path
@@ -97,10 +97,10 @@ def _cmd_critique(args) -> int:
 
 def repair_line(repair: Mapping) -> str:
     """One line for a person: what the read-back repair of a picture saw and changed."""
-    kept = [e["instruction"] for e in repair["edits"] if e["kept"]]
-    measured = "".join(f" (its pixels show the {c['read']} object {c['pixels']})" for c in repair.get("colours", []))
     if not repair.get("check"):  # nothing was read (the speech was heard as no words)
         return f"repair: nothing changed ({repair.get('why') or 'nothing read'})"
+    kept = [e["instruction"] for e in repair["edits"] if e["kept"]]
+    measured = "".join(f" (its pixels show the {c['read']} object {c['pixels']})" for c in repair.get("colours", []))
     return (f"repair: read back as {repair['check'].get('read_back')!r}{measured}; "
             + (f"{len(kept)} edit(s) made: {'; '.join(kept)}" if kept else
                f"nothing changed ({repair.get('why') or 'no edit kept'})"))

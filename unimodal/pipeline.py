@@ -279,8 +279,9 @@ class UniModal(DiffusionPipeline):
         0.925 with 3 rounds at ~2x the passes, docs/critique.md). ``forward_passes`` counts the rounds too;
         ``result.settings["refine"]`` says what ran (critic, passes, why it stopped, rounds run and kept). ``refine=None`` (the
         default): speech alone (``to="audio"``) on a model whose critic head is trained is refined
-        :data:`~unimodal.refine.SPEECH_REFINE_ROUNDS` rounds by its best critic (image->audio 0.715 -> 0.780 on
-        the validation scenes at 1.4x the passes, docs/results.md, "Speech refined by its critic"); anything else
+        :data:`~unimodal.refine.SPEECH_REFINE_ROUNDS` rounds by its best critic (image->audio 0.715 -> 0.815 on
+        the validation scenes at 1.5x the passes, docs/results.md, "Speech refined by its critic" and "The speech
+        critic's stricter ear"); anything else
         is not refined (0).
 
         ``repair`` (a picture drawn from ``text`` or ``audio``): then read the picture back with the same model and

@@ -48,10 +48,11 @@ HEAT_SCALE = 4  # the heat map is drawn at 4x the picture's size, so 8-pixel cod
 # captions with 25% of their words corrupted they repair 0.859 right, this recipe 0.781.
 CAPTION_REFINE = {"threshold": 0.9, "temperature": 1.0, "evaluator": "agreement"}
 # Speech made alone (``to="audio"``) on a model whose critic head is trained: refine reads it with the content
-# critic and the head together (the best speech critic: AUROC 0.869 against 0.83 for the content critic alone on
-# the model's own fills, docs/critique.md), and ``generate`` refines it this many rounds unless told otherwise.
-# Measured on soupc, image->audio, 200 validation scenes (docs/results.md, "Speech refined by its critic"): 0.715
-# -> 0.780 (+0.065 [+0.025, +0.105]) at 1.39x the passes; the confidence critic 0.755 (+0.040, within the noise).
+# critic and the head together (the best speech critic: AUROC 0.890 / 0.905 in the varied / clear voices against
+# 0.860 / 0.884 for the content critic alone on the model's own fills, docs/critique.md), and ``generate`` refines
+# it this many rounds unless told otherwise. Measured on soupc, image->audio, 200 validation scenes (docs/results.md,
+# "Speech refined by its critic" and "The speech critic's stricter ear"): 0.715 -> 0.815 at 1.5x the passes (0.780
+# with the critic's ear at 0.5; the confidence critic 0.755).
 SPEECH_CRITIC = "content+learned"
 SPEECH_REFINE_ROUNDS = 2
 
@@ -381,7 +382,8 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
     the loop stops (each retry re-plans and samples anew); ``settings``: sampler settings of the regenerations (as
     :meth:`UniModal.generate` takes them; their steps are set per round unless ``regen_steps``);
     ``on_round(r, result)``: called after each round that ran with the result as it stands (for benchmarks).
-    ``keep``: regions (native units, as ``regions``) no critic's plan re-masks: what a repair made right.
+    ``keep``: regions (native units, as ``regions``) no round re-masks, whoever planned it (the critic, the check,
+    ``regions``): what a repair made right; the trace's ``keep`` lists them.
     Defaults: ``evaluator`` "critic" and ``patience`` 1, except for a caption the model wrote from an input,
     which is refined by :data:`CAPTION_REFINE` (each of its settings only where the caller gives none) with
     ``patience`` equal to ``rounds``; the trace's ``config``, ``regen_temperature`` and ``caption_recipe`` say
@@ -395,6 +397,9 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
     config = RefineConfig(rounds=rounds, budget=budget, fraction=fraction, threshold=threshold, groups=groups,
                           regen_steps=regen_steps, seed=seed, evaluator="critic" if evaluator is None else evaluator,
                           patience=1 if patience is None else patience)  # refused before any work, as given
+    if keep is not None and (isinstance(keep, (Mapping, str)) or not isinstance(keep, Sequence)):
+        raise InputError(f"keep must be a list of regions (each like {{'modality': 'image', 'box': [x0, y0, x1, "
+                         f"y1]}}), got {type(keep).__name__}")
     result = as_result(pipe, result)
     critic = default_critic(pipe, _targets(result)) if critic is None else critic
     report = cross_modal_check(pipe, result, text, seed) if check else None
@@ -410,9 +415,6 @@ def refine(pipe, result, text=None, image=None, audio=None, rounds: int = 3, bud
             if settings.get("temperature") is None:
                 settings["temperature"] = CAPTION_REFINE["temperature"]
         sampler = pipe._sampler_config(settings, pipe.scheduler.target_kind([s.modality for s in draft.target.spans]))
-        if keep is not None and (isinstance(keep, (Mapping, str)) or not isinstance(keep, Sequence)):
-            raise InputError(f"keep must be a list of regions (each like {{'modality': 'image', 'box': [x0, y0, x1, "
-                             f"y1]}}), got {type(keep).__name__}")
         kept = selection_of(pipe.layout, keep, draft, pipe.text_codec) if keep else None
         final, confidence, trace = refine_draft(pipe.backbone, pipe.layout, draft, sampler,
                                                 scoring_critic(pipe, critic), config,
