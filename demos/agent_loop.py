@@ -14,6 +14,7 @@ each picture and heat map to ``stepNN-*.png``.
 from __future__ import annotations
 
 from unimodal.core.grammar import known_vocabulary, parse_scene_caption, unknown_words
+from unimodal.core.seeds import derived_seed
 from unimodal.demos.common import load, out_folder, parser_for, write_json
 
 REQUEST = "a large blue square at the top"
@@ -53,7 +54,8 @@ def main(argv=None) -> list[dict]:
         if found["agrees"]:
             break
         regions = found["check_regions"] or None  # the read-back's place to redo, else the critic's own choice
-        result, refined = pipe.refine(result, text=args.request, rounds=1, regions=regions, seed=args.seed + round_)
+        result, refined = pipe.refine(result, text=args.request, rounds=1, regions=regions,
+                                      seed=derived_seed(args.seed, round_))
         path = out / f"step{2 * round_ + 1:02d}-refined.png"
         result.save(path)
         trace.append({"step": 2 * round_ + 1, "action": "refine", "regions": regions or "critic's choice",

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from unimodal import UnimodalError
+from unimodal.core.seeds import derived_seed
 from unimodal.demos.common import load, out_folder, parser_for, write_json
 
 SAMPLE = """# one request per line: OUTPUTS: caption
@@ -56,8 +57,8 @@ def main(argv=None) -> list[dict]:
     index = []
     for first in range(0, len(requests), args.batch_size):
         chunk = requests[first:first + args.batch_size]
-        results = pipe.generate_batch([{"text": r["text"], "to": r["to"]} for r in chunk], seed=args.seed + first,
-                                      errors="return")
+        results = pipe.generate_batch([{"text": r["text"], "to": r["to"]} for r in chunk],
+                                      seed=derived_seed(args.seed, first), errors="return")
         for number, (request, result) in enumerate(zip(chunk, results), first):
             entry = {"line": request["line"], "prompt": request["text"], "to": request["to"]}
             if isinstance(result, UnimodalError):

@@ -43,6 +43,21 @@ def test_batch_prompts_reports_a_refused_request_and_runs_the_rest(model_args, t
     assert "files" in index[0] and "error" in index[1]
 
 
+def test_batch_prompts_takes_any_accepted_seed_and_refuses_a_bad_one(model_args, tmp_path, capsys):
+    """Each chunk's seed derives from --seed and wraps at the limit (2**62 - 1 was refused for the second chunk);
+    a seed the library would refuse is refused by the parser, named, before the model loads."""
+    from unimodal.demos.batch_prompts import main
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("image: a small red circle on the left\naudio: a large blue square\n")
+    index = main(model_args + ["--prompts", str(prompts), "--batch-size", "1", "--seed", str(2**62 - 1)])
+    assert all("files" in entry for entry in index) and len(index) == 2
+    for bad in ("-1", str(2**62), "seven"):
+        with pytest.raises(SystemExit) as exit_:
+            main(model_args + ["--prompts", str(prompts), "--seed", bad])
+        assert exit_.value.code == 2 and "--seed" in capsys.readouterr().err
+
+
 def test_agent_loop_writes_its_trace(model_args, tmp_path):
     from unimodal.demos.agent_loop import main
 

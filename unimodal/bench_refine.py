@@ -1,7 +1,8 @@
 """``unimodal bench refine``: does self-critique repair generations, and is it worth its passes?
 
-For each case (a scene of the test split) the model makes one output, seed ``seed + i``: a picture from the
-caption (``direction="text->image"``, the default) or a caption of the picture (``"image->text"``); then:
+For each case (a scene of the test split) the model makes one output, seed ``seed + i`` (wrapped at the seed
+limit: :func:`~unimodal.core.seeds.derived_seed`): a picture from the caption (``direction="text->image"``, the
+default) or a caption of the picture (``"image->text"``); then:
 
 - **refine**, per critic (``confidence``, ``random``; ``learned`` once its head is trained): up to ``rounds``
   plan-execute-evaluate rounds (:func:`unimodal.inference.refine.refine`); the output after every round is judged,
@@ -32,6 +33,7 @@ from unimodal.inference.critique import agreement_score, confidence_scores, make
 from unimodal.inference.evaluate import EvalCase, Judges, caption_correct, judge_image, paired_difference, verdicts_of
 from unimodal.core.errors import InputError
 from unimodal.core.ranking import auroc, auroc_interval
+from unimodal.core.seeds import derived_seed
 
 BEST_OF_SEED_STRIDE = 100_003
 DIRECTIONS = ("text->image", "image->text")
@@ -72,7 +74,7 @@ def _verdicts(cases: Sequence[EvalCase], images, judges: Judges) -> list[bool]:
 def _base(pipe, cases, seed: int, batch_size: int, direction: _Direction | None = None,
           temperature: float | None = None) -> list:
     direction = direction or _Direction("text->image")
-    requests = [direction.request(c, seed + i) for i, c in enumerate(cases)]
+    requests = [direction.request(c, derived_seed(seed, i)) for i, c in enumerate(cases)]
     # captions as read: refine (and best-of-N) are measured from the model's own caption, not from one already
     # checked against its rival (generate's default, unimodal.rivals), so the bench's figures stay those of refine;
     # and speech as drawn, not refined already (generate's default for speech): the bench refines it
@@ -99,14 +101,15 @@ def _refined(pipe, cases, base, drawn: np.ndarray, judges, critic, rounds: int, 
     for i, (case, result) in enumerate(zip(cases, base)):
         spent = [0.0]
         if repair:
-            result, trace = pipe.refine(result, **direction.inputs(case), repair=True, rounds=0, seed=seed + i)
+            result, trace = pipe.refine(result, **direction.inputs(case), repair=True, rounds=0,
+                                        seed=derived_seed(seed, i))
             edits += sum(e["kept"] for e in trace["repair"]["edits"])
             spent = [float(trace["forward_passes"])] * 2
             verdicts[i, 1] = direction.verdicts([case], [direction.output(result)], judges)[0]
         if rounds:
             seen = {}
             _, trace = pipe.refine(result, **direction.inputs(case), rounds=rounds, critic=critic, groups=groups,
-                                   seed=seed + i, **options,
+                                   seed=derived_seed(seed, i), **options,
                                    on_round=lambda r, res: seen.__setitem__(r, direction.output(res)))
             ran = ran or {"evaluator": trace["evaluator"], "patience": trace["config"]["patience"],
                           "thresholds": trace["thresholds"], "regen_temperature": trace.get("regen_temperature")}
@@ -145,8 +148,8 @@ def _best_of(pipe, cases, base, drawn: np.ndarray, judges, best_of: int, seed: i
              direction: _Direction, temperature: float | None) -> list[dict]:
     """Accuracy of the best-scored of the first N outputs per case, N = 1 .. best_of, per selector (``drawn``:
     the first draws' verdicts, judged once by the caller)."""
-    draws = [base] + [_base(pipe, cases, seed + k * BEST_OF_SEED_STRIDE, batch_size, direction, temperature)
-                      for k in range(1, best_of)]
+    draws = [base] + [_base(pipe, cases, derived_seed(seed, k * BEST_OF_SEED_STRIDE), batch_size, direction,
+                            temperature) for k in range(1, best_of)]
     right = np.array([drawn] + [direction.verdicts(cases, [direction.output(r) for r in results], judges)
                                 for results in draws[1:]], dtype=bool)  # (N, n)
     base_passes = np.mean([r.forward_passes for r in base])
@@ -380,18 +383,18 @@ def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rou
     for i, case in enumerate(_bar(cases, f"repair {kind.modality} ({name})", show)):
         result, condition = kind.result(corrupt[i]), kind.condition(case)
         scorer = _oracle(kind.modality, truth[i]) if critic == ORACLE else critic
-        report = pipe.critique(result, **condition, critic=scorer, groups=groups, seed=seed + i,
+        report = pipe.critique(result, **condition, critic=scorer, groups=groups, seed=derived_seed(seed, i),
                                threshold=options.get("threshold"))
         scores.append(np.array(report.scores[kind.modality]))
         real.append(np.array(pipe.critique(kind.result(truth[i]), **condition, critic=scorer, groups=groups,
-                                           seed=seed + i).scores[kind.modality]))
-        fixed, trace = pipe.refine(result, **condition, rounds=rounds, critic=scorer, groups=groups, seed=seed + i,
-                                   **options)
+                                           seed=derived_seed(seed, i)).scores[kind.modality]))
+        fixed, trace = pipe.refine(result, **condition, rounds=rounds, critic=scorer, groups=groups,
+                                   seed=derived_seed(seed, i), **options)
         passes.append(trace["forward_passes"])
         if reread:  # the repaired caption, read again as the model's own reading of the picture
             first.append(torch.tensor(fixed.token_ids[kind.modality]))
             fixed, trace = pipe.refine(fixed, **condition, rounds=reread, critic=scorer, groups=groups,
-                                       seed=seed + i, model_caption=True)
+                                       seed=derived_seed(seed, i), model_caption=True)
             passes[-1] += trace["forward_passes"]
         repaired.append(torch.tensor(fixed.token_ids[kind.modality]))
     lowest = [np.argsort(s, kind="stable")[:max(1, round(len(s) * 0.1))] for s in scores]
@@ -454,11 +457,11 @@ def bench_mistakes(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confid
     wrong, far, distances = [], [], []
     labels = _decoded_labels(pipe, modality)
     for i, (case, truth) in enumerate(_bar(list(zip(cases, kind.truth(cases))), f"{modality} mistakes", show)):
-        generator = torch.Generator().manual_seed(seed + i)
+        generator = torch.Generator().manual_seed(derived_seed(seed, i))
         chosen = torch.zeros(len(truth), dtype=torch.bool)
         chosen[torch.randperm(len(truth), generator=generator)[:max(1, round(len(truth) * fraction))]] = True
         draft = draft_of(pipe, kind.result(truth), kind.condition(case))
-        filled, _ = regenerate(pipe.backbone, pipe.layout, draft, {modality: chosen}, sampler, seed + i)
+        filled, _ = regenerate(pipe.backbone, pipe.layout, draft, {modality: chosen}, sampler, derived_seed(seed, i))
         ids = filled.tokens(pipe.layout)[modality]
         n = min(len(ids), len(truth))  # a caption or clip may end early: compare what both hold
         wrong.append((ids[:n] != truth[:n])[chosen[:n]].numpy())
@@ -467,7 +470,8 @@ def bench_mistakes(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confid
             distances.append(distance[chosen[:n]].numpy())
             far.append((distances[-1] > labels.thresholds[modality]) & wrong[-1])
         for critic in critics:
-            read = pipe.critique(kind.result(ids), **kind.condition(case), critic=critic, groups=groups, seed=seed + i)
+            read = pipe.critique(kind.result(ids), **kind.condition(case), critic=critic, groups=groups,
+                                 seed=derived_seed(seed, i))
             scores[critic].append(np.array(read.scores[modality])[:n][chosen[:n].numpy()])
     flags = np.concatenate(wrong)
     progress(f"done: {len(cases)} {modality} cases, {int(flags.sum())} of {len(flags)} regenerated tokens wrong")
