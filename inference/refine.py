@@ -9,9 +9,10 @@ Each round:
 3. **evaluate**: score the candidate with the evaluator; keep it only if its sample score rose.
 
 The loop stops when ``patience`` rounds in a row were not kept (1: the first round that does not improve), when
-the critic flags nothing, after ``rounds`` rounds, or before a round whose worst-case cost would pass the
-forward-pass ``budget``. A round after one that was not kept plans again and regenerates with its own seed, so
-it tries something new (fresh positions for the random critic, fresh samples for every critic). The evaluators:
+the critic flags nothing (a token ``keep`` protects is never flagged), after ``rounds`` rounds, or before a round
+whose worst-case cost would pass the forward-pass ``budget``; a given plan whose regions hold only kept tokens
+runs no round and counts as a round not kept. A round after one that was not kept plans again and regenerates with its own
+seed, so it tries something new (fresh positions for the random critic, fresh samples for every critic). The evaluators:
 
 - ``"critic"``: the critic itself (the mean log-score of the draft's tokens), except for ``random``, whose
   scores mean nothing: there the model's confidence judges, so the random baseline differs from the
@@ -46,6 +47,9 @@ from unimodal.core.seeds import check_seed, derived_seed
 
 EVALUATORS = ("critic", "agreement", "agreement-each")
 NOT_KEPT = ("no improvement", "region cut the content after it")  # a round ran and its candidate was dropped
+# a plan given for the first round (the caller's ``regions``, the cross-modal check's) held only tokens ``keep``
+# protects: no round ran; it counts as a round not kept (with ``patience`` > 1 the critic plans the next)
+ALL_KEPT = "everything flagged is kept"
 
 
 @dataclass(frozen=True)
@@ -206,8 +210,9 @@ def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confiden
                          text_codec, regions if round_ == 0 else None)
         if on_round is not None and len(trace["rounds"]) > round_:
             on_round(round_ + 1, state.draft)
-        misses = misses + 1 if stopped in NOT_KEPT else 0
-        if stopped in NOT_KEPT and misses < config.patience:
+        retry = stopped in NOT_KEPT or stopped == ALL_KEPT
+        misses = misses + 1 if retry else 0
+        if retry and misses < config.patience:
             stopped = None  # try again: the next round re-plans and samples with its own seed
         if stopped:
             break
@@ -251,12 +256,13 @@ def _round(model, layout, state: _Loop, plan, judge, sampler: SamplerConfig, con
     selection = selection_of(layout, regions, state.draft, text_codec)
     # a region is a box or span around what was flagged (or a plan given for the first round, a caller's or the
     # cross-modal check's): what is kept stays out of it
+    n_planned = int(sum(int(s.sum()) for s in selection.values()))
     selection = {m: chosen & ~_fitted(state.keep[m], len(chosen)) if m in state.keep else chosen
                  for m, chosen in selection.items()}
     n_masked = int(sum(int(s.sum()) for s in selection.values()))
-    if not n_masked:  # all it flagged is kept
+    if not n_masked:
         state.passes += plan_passes
-        return "nothing flagged"
+        return ALL_KEPT
     n_tokens = int(sum(len(s) for s in selection.values()))
     steps = regen_steps(config, sampler, n_masked, n_tokens)
     if config.budget is not None and state.passes + plan_passes + steps + state.judge_passes > config.budget:
@@ -271,6 +277,7 @@ def _round(model, layout, state: _Loop, plan, judge, sampler: SamplerConfig, con
     kept = intact and after > state.score
     trace["rounds"].append({
         "round": round_ + 1, "regions": [_public(r) for r in regions], "tokens_remasked": n_masked,
+        "tokens_kept": n_planned - n_masked,
         "tokens_changed": tokens_changed(layout, state.draft, candidate), "score_before": round(state.score, 6),
         "score_after": round(after, 6), "kept": kept, "outside_unchanged": intact, "regen_steps": result.steps,
         "forward_passes": spent})
@@ -297,4 +304,4 @@ def _merged_confidence(layout, state: _Loop, candidate: Draft, result) -> dict:
     return merged
 
 
-__all__ = ["EVALUATORS", "RefineConfig", "plan_regions", "refine", "regenerate"]
+__all__ = ["ALL_KEPT", "EVALUATORS", "NOT_KEPT", "RefineConfig", "plan_regions", "refine", "regenerate"]

@@ -453,6 +453,11 @@ def test_refine_never_re_masks_what_it_is_told_to_keep(pipe, image_result):
     given, plan = pipe.refine(image_result, text=PROMPT, rounds=1, regions=[everything], keep=[box], **FAST)
     assert plan["rounds"][0]["tokens_remasked"] == len(truth) - 4 and plan["keep"] == [box]  # a given plan too
     assert torch.tensor(given.token_ids["image"])[[0, 1, 8, 9]].tolist() == truth[[0, 1, 8, 9]].tolist()
+    assert plan["rounds"][0]["tokens_kept"] == 4 and trace["rounds"][0]["tokens_kept"] == 4
+    assert free["rounds"][0]["tokens_kept"] == 0
+    inside, told = pipe.refine(image_result, text=PROMPT, rounds=2, regions=[box], keep=[box], **FAST)
+    assert told["stopped"] == "everything flagged is kept" and told["rounds"] == []  # said, not "nothing flagged"
+    assert inside.token_ids == image_result.token_ids
     with pytest.raises(InputError, match="keep must be a list of regions"):
         pipe.refine(image_result, text=PROMPT, rounds=1, keep=box, **FAST)
 
