@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from unimodal.core.errors import InputError
+from unimodal.core.paths import report_json
 from unimodal.core.paths import model_hash  # noqa: F401  (re-exported: the reports' model hash)
 from unimodal.core.ranking import auroc, auroc_within
 from unimodal.core.readings import check_agreement
@@ -722,7 +723,7 @@ def save_report(report: dict, out: str | Path, grid_size: int = 16) -> list[Path
     public = {k: v for k, v in report.items() if not k.startswith("_")}
     public["samples"] = {d: [{"caption": case.text, **score} for case, score in zip(cases, scores)]
                          for d, (cases, _, scores) in report["_samples"].items()}
-    written[0].write_text(json.dumps(public, indent=2, default=_json_default) + "\n")
+    written[0].write_text(report_json(public, default=_json_default))
     for direction, (cases, results, scores) in report["_samples"].items():
         name = direction.replace("->", "_to_")
         written.append(sample_grid(direction, cases[:grid_size], results[:grid_size], scores[:grid_size],

@@ -973,4 +973,9 @@ def test_report_json_keeps_every_value_and_puts_number_lists_on_one_line():
     text = report_json(report)
     assert json.loads(text) == report and text.endswith("\n")
     assert '"scores": [0.5, -1e-05, 3, null, true]' in text and '"wrong": [0, 1, 1]' in text
-    assert '"a",\n' in text  # lists of strings stay one item a line, as json.dumps writes them
+    assert '"name": ["a", "b"]' in text  # a list of words too
+    many = {"cases": [{"wrong": list(range(40)), "who": {"a": 1}} for _ in range(2)], "when": float("nan")}
+    text = report_json(many)
+    assert text.count("\n") == 7 and json.loads(text)["cases"] == many["cases"]  # each case a line
+    assert '"when": NaN' in text  # as json.dumps writes it
+    assert json.loads(report_json({1: {2, 3}}, default=sorted)) == {"1": [2, 3]}  # default: as for json.dumps

@@ -17,7 +17,6 @@ made a command: the same cases, instructions, seeds and judge.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from unimodal.checks_refine import REGION_KEYS
 from unimodal.core.errors import InputError, OutputPathError
 from unimodal.core.grammar import COLORS, POSITIONS, SHAPES
 from unimodal.core.media import SAMPLE_RATE
-from unimodal.core.paths import atomic_write, user_path
+from unimodal.core.paths import atomic_write, report_json, user_path
 from unimodal.core.seeds import derived_seed
 from unimodal.refine import SPEECH_MARGIN
 
@@ -314,8 +313,7 @@ def save_report(report: dict, out: str | Path) -> Path:
     """``out/bench_edit.json``, written atomically (a reader never sees half a file)."""
     folder = user_path(out, "--out", OutputPathError)
     folder.mkdir(parents=True, exist_ok=True)
-    return atomic_write(folder / REPORT_FILE, lambda temporary: temporary.write_text(json.dumps(report, indent=2)
-                                                                                      + "\n"))
+    return atomic_write(folder / REPORT_FILE, lambda temporary: temporary.write_text(report_json(report)))
 
 
 __all__ = ["as_eval_report", "bench_edit", "check_edit_options", "edit_case", "edit_instruction", "format_table",

@@ -155,6 +155,7 @@ def add_eval_command(sub) -> None:
 
 
 def _cmd_versus_ar(args) -> int:
+    from unimodal.core.paths import report_json
     from unimodal.inference.evaluate import model_hash
     from unimodal.inference.versus import DEFAULT_DIRECTIONS, format_table, plot, versus_ar
     from unimodal.eval_cases import load_cases
@@ -175,7 +176,7 @@ def _cmd_versus_ar(args) -> int:
     print(format_table(report))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "versus_ar.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "versus_ar.json").write_text(report_json(report))
     print(out / "versus_ar.json")
     print(plot(report, out / "versus_ar.png"))
     return 0
@@ -236,7 +237,7 @@ def add_data_efficiency_command(bench) -> None:
 
 def _cmd_compare(args) -> int:
     """Two eval reports of the same cases, direction by direction, paired."""
-    from unimodal.core.paths import atomic_write
+    from unimodal.core.paths import atomic_write, report_json
     from unimodal.inference.evaluate import compare_reports, format_comparison
 
     mistakes = [_mistakes_report(name) for name in (args.reference, args.candidate)]
@@ -249,7 +250,7 @@ def _cmd_compare(args) -> int:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(out, lambda temporary: temporary.write_text(json.dumps(comparison, indent=2) + "\n"))
+        atomic_write(out, lambda temporary: temporary.write_text(report_json(comparison)))
         print(out)
     return 0
 

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from unimodal.training.train import OBJECTIVES  # masked diffusion, then its autoregressive twin
+from unimodal.core.paths import report_json
 
 
 @dataclass
@@ -149,7 +150,7 @@ def run_data_efficiency(cfg: EfficiencyConfig, codec_dir: str | Path, out: str |
     runs = train_both(cfg, codec_dir, out, progress)
     report = {"config": asdict(cfg), "steps_per_epoch": cfg.steps_at(1),
               "held_out_loss": held_out_losses(cfg, runs), "judged": judge_snapshots(cfg, runs, out, progress)}
-    (out / "data_efficiency.json").write_text(json.dumps(report, indent=1))
+    (out / "data_efficiency.json").write_text(report_json(report))
     plot(report, out / "data_efficiency.png")
     return report
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from unimodal.core.errors import InputError
+from unimodal.core.paths import report_json
 
 DIRECTIONS = ("text->image", "image->text")
 
@@ -179,7 +180,7 @@ def run_recipe(budget: RecipeBudget, variants: list[tuple[str, dict]], codec_dir
 
 def _save(report: dict, cache: Path) -> None:
     tmp = cache.with_name(cache.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=1))
+    tmp.write_text(report_json(report))
     tmp.replace(cache)
 
 
