@@ -4,7 +4,7 @@ A picture turned into speech is planned in words (``plan="text-only"``, the defa
 the picture, then speaks that caption. The caption's words are the model's own, not the caller's, and the scene
 language says one scene in several forms ("a small red circle on the left", "on the left, a small red circle", "a
 small circle in red on the left", "there is a small red circle on the left", ...): any of them is a right answer,
-but the model does not say them all equally clearly. Spoken by the shipped model (soupc) and heard by the speech
+but the model does not say them all equally clearly. Spoken by soupc (shipped until 2026-12-06) and heard by the speech
 judge, 200 validation scenes each said as written and in the form "there is a ...", the second is heard right more
 often (docs/results.md, "Speaking the plan in the form the model says best"). So before speech is made from a plan
 that states a scene, the plan is rendered in that form (:data:`SPOKEN_TEMPLATE` of the scene grammar), the scene

@@ -1,7 +1,7 @@
 """A caption read from a picture, checked against its rival: the same words with the relation turned around.
 
 Reading a picture of two objects, the model names both right far more often than it says which stands where: of
-the 39 test pictures the shipped model (soupc) read wrong greedily, 30 named both objects right and put them the
+the 39 test pictures soupc (shipped until 2026-12-06) read wrong greedily, 30 named both objects right and put them the
 other way round, and re-masking the relation word with the picture in view kept its word every time. Drawing is
 its strong direction (0.96 of test scenes judged right), and drawing knows where each object goes. So the
 check asks the drawing direction: the picture is read back from the caption and from its rival (every picture
