@@ -30,8 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from unimodal.core.errors import InputError
-from unimodal.core.paths import report_json
-from unimodal.core.paths import model_hash  # noqa: F401  (re-exported: the reports' model hash)
+from unimodal.core.paths import model_hash, report_json  # noqa: F401  (model_hash re-exported: the reports' model hash)
 from unimodal.core.ranking import auroc, auroc_within
 from unimodal.core.readings import check_agreement
 from unimodal.core.seeds import derived_seed

@@ -11,8 +11,9 @@ Each round:
 The loop stops when ``patience`` rounds in a row were not kept (1: the first round that does not improve), when
 the critic flags nothing (a token ``keep`` protects is never flagged), after ``rounds`` rounds, or before a round
 whose worst-case cost would pass the forward-pass ``budget``; a given plan whose regions hold only kept tokens
-runs no round and counts as a round not kept. A round after one that was not kept plans again and regenerates with its own
-seed, so it tries something new (fresh positions for the random critic, fresh samples for every critic). The evaluators:
+runs no round and counts as a round not kept. A round after one that was not kept plans again and regenerates
+with its own seed, so it tries something new (fresh positions for the random critic, fresh samples for every
+critic). The evaluators:
 
 - ``"critic"``: the critic itself (the mean log-score of the draft's tokens), except for ``random``, whose
   scores mean nothing: there the model's confidence judges, so the random baseline differs from the
@@ -210,7 +211,7 @@ def refine(model, layout, draft: Draft, sampler: SamplerConfig, critic="confiden
                          text_codec, regions if round_ == 0 else None)
         if on_round is not None and len(trace["rounds"]) > round_:
             on_round(round_ + 1, state.draft)
-        retry = stopped in NOT_KEPT or stopped == ALL_KEPT
+        retry = stopped in (*NOT_KEPT, ALL_KEPT)
         misses = misses + 1 if retry else 0
         if retry and misses < config.patience:
             stopped = None  # try again: the next round re-plans and samples with its own seed

@@ -381,20 +381,20 @@ def _repaired(pipe, kind: _RepairKind, cases, truth, corrupt, wrong, critic, rou
     repaired, scores, real, first, passes = [], [], [], [], []
     name = critic if isinstance(critic, str) else "critic"
     for i, case in enumerate(_bar(cases, f"repair {kind.modality} ({name})", show)):
-        result, condition = kind.result(corrupt[i]), kind.condition(case)
+        result, condition, case_seed = kind.result(corrupt[i]), kind.condition(case), derived_seed(seed, i)
         scorer = _oracle(kind.modality, truth[i]) if critic == ORACLE else critic
-        report = pipe.critique(result, **condition, critic=scorer, groups=groups, seed=derived_seed(seed, i),
+        report = pipe.critique(result, **condition, critic=scorer, groups=groups, seed=case_seed,
                                threshold=options.get("threshold"))
         scores.append(np.array(report.scores[kind.modality]))
         real.append(np.array(pipe.critique(kind.result(truth[i]), **condition, critic=scorer, groups=groups,
-                                           seed=derived_seed(seed, i)).scores[kind.modality]))
+                                           seed=case_seed).scores[kind.modality]))
         fixed, trace = pipe.refine(result, **condition, rounds=rounds, critic=scorer, groups=groups,
-                                   seed=derived_seed(seed, i), **options)
+                                   seed=case_seed, **options)
         passes.append(trace["forward_passes"])
         if reread:  # the repaired caption, read again as the model's own reading of the picture
             first.append(torch.tensor(fixed.token_ids[kind.modality]))
             fixed, trace = pipe.refine(fixed, **condition, rounds=reread, critic=scorer, groups=groups,
-                                       seed=derived_seed(seed, i), model_caption=True)
+                                       seed=case_seed, model_caption=True)
             passes[-1] += trace["forward_passes"]
         repaired.append(torch.tensor(fixed.token_ids[kind.modality]))
     lowest = [np.argsort(s, kind="stable")[:max(1, round(len(s) * 0.1))] for s in scores]
@@ -457,11 +457,12 @@ def bench_mistakes(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confid
     wrong, far, distances = [], [], []
     labels = _decoded_labels(pipe, modality)
     for i, (case, truth) in enumerate(_bar(list(zip(cases, kind.truth(cases))), f"{modality} mistakes", show)):
-        generator = torch.Generator().manual_seed(derived_seed(seed, i))
+        case_seed = derived_seed(seed, i)
+        generator = torch.Generator().manual_seed(case_seed)
         chosen = torch.zeros(len(truth), dtype=torch.bool)
         chosen[torch.randperm(len(truth), generator=generator)[:max(1, round(len(truth) * fraction))]] = True
         draft = draft_of(pipe, kind.result(truth), kind.condition(case))
-        filled, _ = regenerate(pipe.backbone, pipe.layout, draft, {modality: chosen}, sampler, derived_seed(seed, i))
+        filled, _ = regenerate(pipe.backbone, pipe.layout, draft, {modality: chosen}, sampler, case_seed)
         ids = filled.tokens(pipe.layout)[modality]
         n = min(len(ids), len(truth))  # a caption or clip may end early: compare what both hold
         wrong.append((ids[:n] != truth[:n])[chosen[:n]].numpy())
@@ -470,8 +471,7 @@ def bench_mistakes(pipe, cases: Sequence[EvalCase], critics: Sequence = ("confid
             distances.append(distance[chosen[:n]].numpy())
             far.append((distances[-1] > labels.thresholds[modality]) & wrong[-1])
         for critic in critics:
-            read = pipe.critique(kind.result(ids), **kind.condition(case), critic=critic, groups=groups,
-                                 seed=derived_seed(seed, i))
+            read = pipe.critique(kind.result(ids), **kind.condition(case), critic=critic, groups=groups, seed=case_seed)
             scores[critic].append(np.array(read.scores[modality])[:n][chosen[:n].numpy()])
     flags = np.concatenate(wrong)
     progress(f"done: {len(cases)} {modality} cases, {int(flags.sum())} of {len(flags)} regenerated tokens wrong")

@@ -78,32 +78,31 @@ MODEL_ENV = "UNIMODAL_MODEL"
 def report_json(report, default=None) -> str:
     """A report as indented JSON that stays readable and small: a list of plain values (a case's thousands of
     scores, its words) on one line, a record (a mapping of such values or short ones: one case, one critic's
-    figures) on one line, anything else on one line when it is short, and nested structure indented by 2. ``json.loads`` gives
-    back exactly what ``json.dumps`` would; ``default`` as there (for values JSON lacks)."""
+    figures) on one line, anything else on one line when it is short, and nested structure indented by 2.
+    ``json.loads`` gives back exactly what ``json.dumps`` would; ``default`` as there (for values JSON lacks)."""
     import json
 
     def plain(value) -> bool:
         return value is None or isinstance(value, (bool, int, float, str))
 
     def flat(value) -> bool:
-        return plain(value) or (isinstance(value, (list, tuple)) and all(plain(v) for v in value))
+        return plain(value) or (isinstance(value, list) and all(plain(v) for v in value))
+
+    def short(value) -> bool:
+        return len(json.dumps(value)) <= 100
 
     def write(value, indent: int) -> str:
-        value = value if isinstance(value, (dict, list, tuple)) or plain(value) or default is None else default(value)
-        if isinstance(value, dict):
-            value = {str(k) if not isinstance(k, str) else k: v for k, v in value.items()}
-        one = json.dumps(value, default=default)
-        if (flat(value) or len(one) <= 100 or not value
-                or (isinstance(value, dict) and all(flat(v) or len(json.dumps(v, default=default)) <= 100
-                                                    for v in value.values()))):
-            return one
+        if flat(value) or not value or short(value) or (
+                isinstance(value, dict) and all(flat(v) or short(v) for v in value.values())):
+            return json.dumps(value)
         pad, inner = " " * indent, " " * (indent + 2)
         if isinstance(value, dict):
             items = [f"{inner}{json.dumps(k)}: {write(v, indent + 2)}" for k, v in value.items()]
             return "{\n" + ",\n".join(items) + "\n" + pad + "}"
         return "[\n" + ",\n".join(inner + write(v, indent + 2) for v in value) + "\n" + pad + "]"
 
-    return write(report, 0) + "\n"
+    # through json once: keys, tuples and ``default`` become exactly what json.dumps makes of them
+    return write(json.loads(json.dumps(report, default=default)), 0) + "\n"
 
 
 def default_model_dir() -> Path:
