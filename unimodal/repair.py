@@ -5,7 +5,8 @@ The plan is the cross-modal check (:func:`unimodal.refine.cross_modal_check`): t
 model and both captions are parsed by the caption grammar. The objects of the reading are matched to the request's
 (a pair may be read in the other order) and placed by the request's relation. Each read object's colour is then
 measured from its pixels (the palette word most of them are nearest to): the model reads a colour it drew between
-two words (a yellow square drawn orange-yellow) as the one it was asked for, and the pixels say otherwise. Each
+two words (a yellow square drawn orange-yellow) as the one it was asked for, and the pixels say otherwise; and its
+size from its extent (the model reads some small objects as large, and shrinking those broke them). Each
 colour, size or place of a matched object that differs from the request becomes an instruction ("make the small
 yellow circle green") executed on the picture as it stands, on the object the matching names (two objects read
 alike are told apart by their places). Those three changes keep the object's silhouette, so they start from its
@@ -66,22 +67,26 @@ def repairs(asked: dict, shown: dict) -> list[tuple[int, str, str]]:
             for key in REPAIRED if want.get(key) is not None and want[key] != seen.get(key)]
 
 
-def repair_by_reading(pipe, result, request: str, seed: int = 0, colours: bool = True) -> tuple[object, dict]:
+def repair_by_reading(pipe, result, request: str, seed: int = 0, colours: bool = True,
+                      sizes: bool = True) -> tuple[object, dict]:
     """The picture with each attribute its reading gets wrong changed by an instructed edit's pixel draft
     (:func:`unimodal.instructed.drafted_edit`: no model call; the reading already said what to change), and the
     trace: ``check`` (the reading, :func:`unimodal.refine.cross_modal_check`), ``colours`` (each object whose
-    pixels show another colour than it was read as), ``edits`` (each instruction, the object it means, whether it
+    pixels show another colour than it was read as), ``sizes`` (each whose extent names another size than it was
+    read as), ``edits`` (each instruction, the object it means, whether it
     was kept and why not, its regions and codes drafted), ``forward_passes`` (the reading's). ``colours``: measure
     each read object's colour from its pixels (:func:`unimodal.instructed.object_colour`, the palette word most of
     them are nearest to) and take that over the reading where they differ: the model reads a colour it drew
-    between two words (an orange-yellow square) as the one it was asked for. Nothing changes when the reading
+    between two words (an orange-yellow square) as the one it was asked for. ``sizes``: likewise each read
+    object's size from its extent (:func:`unimodal.instructed.object_size`; the trace's ``sizes``): the model
+    reads some small objects as large, and shrinking a small object breaks it. Nothing changes when the reading
     states another number of objects or no scene, or when only a shape or relation differs (or a colour read
     otherwise that the pixels show as asked)."""
-    from unimodal.instructed import drafted_edit, object_colour
+    from unimodal.instructed import drafted_edit, object_colour, object_size
     from unimodal.refine import cross_modal_check
 
     check = cross_modal_check(pipe, result, request, seed)
-    trace = {"check": check, "colours": [], "edits": [], "forward_passes": check.get("forward_passes", 0)}
+    trace = {"check": check, "colours": [], "sizes": [], "edits": [], "forward_passes": check.get("forward_passes", 0)}
     asked = parse_scene_caption(request) if check.get("ran") else None
     heard = parse_scene_caption(check.get("read_back") or "") if asked is not None else None
     if asked is None or heard is None or len(heard["objects"]) != len(asked["objects"]):
@@ -90,8 +95,13 @@ def repair_by_reading(pipe, result, request: str, seed: int = 0, colours: bool =
                         "the reading states another number of objects")
         return result, trace
     current = as_read(asked, heard)
+    rgb = np.asarray(result.image.convert("RGB"))
+    if sizes:  # found by the colour it was read as, as the edit will find it: before the colours are corrected
+        for index, obj in enumerate(current["objects"]):
+            shown, extent = object_size(rgb, current, index)
+            if shown is not None and shown != obj.get("size"):
+                trace["sizes"].append({"object": index, "read": obj.get("size"), "pixels": shown, "extent": extent})
     if colours:
-        rgb = np.asarray(result.image.convert("RGB"))
         for index, obj in enumerate(current["objects"]):
             shown, counts = object_colour(rgb, current, index)
             if shown is not None and counts[shown] > counts[obj["color"]]:
@@ -99,10 +109,13 @@ def repair_by_reading(pipe, result, request: str, seed: int = 0, colours: bool =
                                          "counts": {k: v for k, v in counts.items() if v}})
         for seen in trace["colours"]:
             current["objects"][seen["object"]]["color"] = seen["pixels"]
+    for seen in trace["sizes"]:
+        current["objects"][seen["object"]]["size"] = seen["pixels"]
     asked_for = repairs(asked, current)
     if not asked_for:
-        trace["why"] = ("the reading agrees with the request" if check["agrees"] and not trace["colours"] else
-                        "what differs is a shape or relation, or a colour the pixels show as asked")
+        trace["why"] = ("the reading agrees with the request" if check["agrees"] and not trace["colours"]
+                        and not trace["sizes"] else
+                        "what differs is a shape or relation, or a colour or size the pixels show as asked")
         return result, trace
     for index, key, value in asked_for:
         obj = current["objects"][index]
