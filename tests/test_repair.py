@@ -171,14 +171,14 @@ def test_a_size_read_otherwise_than_the_object_measures_is_taken_from_its_extent
     """The model reads some small objects as large; shrinking them broke right pictures (two of 200 held-out
     pairs): the object's extent names its size, and only a size it names otherwise than the request is edited."""
     from unimodal.core.grammar import SIZES
-    from unimodal.instructed import LARGE_AT_LEAST, SMALL_AT_MOST, object_size
+    from unimodal.instructed import LARGE_AT_LEAST, SMALL_AT_MOST, object_measures
 
     picture = _picture(pipe)  # a small red circle on the left, drawn at the grammar's small size
     rgb = np.asarray(picture.image.convert("RGB"))
-    size, extent = object_size(rgb, parse_scene_caption("a large red circle on the left"), 0)
+    *_, size, extent = object_measures(rgb, parse_scene_caption("a large red circle on the left"), 0)
     assert size == "small" and extent <= SMALL_AT_MOST and abs(extent - SIZES["small"]) <= 2
     assert SMALL_AT_MOST < (SIZES["small"] + SIZES["large"]) / 2 < LARGE_AT_LEAST
-    assert object_size(rgb, parse_scene_caption("a large green circle on the left"), 0) == (None, None)
+    assert object_measures(rgb, parse_scene_caption("a large green circle on the left"), 0)[2:] == (None, None)
     _reads(pipe, monkeypatch, "a large red circle on the left")  # read as large: it is not
     fixed, trace = pipe.refine(picture, text=DRAWN, repair=True, rounds=0)
     repair = trace["repair"]

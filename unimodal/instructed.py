@@ -279,31 +279,19 @@ def object_box(rgb: np.ndarray, source: dict, index: int) -> tuple[list[float] |
     return [float(cols[0]), float(rows[0]), float(cols[-1] + 1), float(rows[-1] + 1)], "pixels of its colour"
 
 
-def _object_pixels(rgb: np.ndarray, source: dict, index: int) -> tuple[np.ndarray | None, np.ndarray]:
+def _object_pixels(rgb: np.ndarray, source: dict, index: int) -> tuple[np.ndarray, np.ndarray] | None:
     """Object ``index``'s pixels taken whole, and each pixel's nearest palette colour (-1: background). The object is
     found by the colour it was read as (:func:`object_box`; in its half of the canvas, for a pair); then every
     saturated pixel connected to that box belongs to it, whatever its colour. None when it is not found."""
     from skimage.measure import label
 
     box, _ = object_box(rgb, source, index)
-    nearest = _palette_index(rgb)
     if box is None:
-        return None, nearest
+        return None
+    nearest = _palette_index(rgb)
     parts = label(_half(nearest >= 0, _side(source, index)), connectivity=2)
     touching = np.unique(parts[int(box[1]):int(box[3]), int(box[0]):int(box[2])])
     return np.isin(parts, touching[touching > 0]), nearest
-
-
-def object_colour(rgb: np.ndarray, source: dict, index: int) -> tuple[str | None, dict[str, int]]:
-    """The colour word most of object ``index``'s pixels are nearest to, and the count per colour word. The object
-    is taken whole (:func:`_object_pixels`): an object drawn between two colour words holds pixels of both.
-    (None, {}) when it is not found by the colour it was read as."""
-    whole, nearest = _object_pixels(rgb, source, index)
-    if whole is None:
-        return None, {}
-    tally = np.bincount(nearest[whole], minlength=len(COLORS))
-    counts = {colour: int(tally[k]) for k, colour in enumerate(COLORS)}
-    return max(counts, key=counts.get), counts
 
 
 # An object's extent (its longer side, pixels) that names its size: the grammar draws small objects 18 pixels across
@@ -311,20 +299,25 @@ def object_colour(rgb: np.ndarray, source: dict, index: int) -> tuple[str | None
 SMALL_AT_MOST, LARGE_AT_LEAST = SIZES["small"] + 3, SIZES["large"] - 3
 
 
-def object_size(rgb: np.ndarray, source: dict, index: int) -> tuple[str | None, int | None]:
-    """The size word object ``index``'s extent names (its longer side over rows and columns holding at least two
-    of its pixels, the whole object as :func:`object_colour` takes it), and the extent. (None, extent) when the
-    extent lies between :data:`SMALL_AT_MOST` and :data:`LARGE_AT_LEAST`; (None, None) when the object is not
-    found by the colour it was read as."""
-    whole, _ = _object_pixels(rgb, source, index)
-    if whole is None:
-        return None, None
+def object_measures(rgb: np.ndarray, source: dict, index: int) -> tuple[str | None, dict[str, int], str | None,
+                                                                         int | None]:
+    """Object ``index`` found once and taken whole (:func:`_object_pixels`), measured twice: the colour word most of
+    its pixels are nearest to and the count per colour word (an object drawn between two colour words holds pixels
+    of both), and the size word its extent names (its longer side over rows and columns holding at least two of
+    its pixels; None between :data:`SMALL_AT_MOST` and :data:`LARGE_AT_LEAST`) and the extent.
+    (None, {}, None, None) when it is not found by the colour it was read as."""
+    found = _object_pixels(rgb, source, index)
+    if found is None:
+        return None, {}, None, None
+    whole, nearest = found
+    tally = np.bincount(nearest[whole], minlength=len(COLORS))
+    counts = {colour: int(tally[k]) for k, colour in enumerate(COLORS)}
     rows, cols = np.flatnonzero(whole.sum(1) >= 2), np.flatnonzero(whole.sum(0) >= 2)
     if not len(rows) or not len(cols):
-        return None, None
+        return max(counts, key=counts.get), counts, None, None
     extent = int(max(rows[-1] - rows[0] + 1, cols[-1] - cols[0] + 1))
     size = "small" if extent <= SMALL_AT_MOST else "large" if extent >= LARGE_AT_LEAST else None
-    return size, extent
+    return max(counts, key=counts.get), counts, size, extent
 
 
 def anchor_box(source: dict, index: int) -> list[float]:
@@ -545,5 +538,5 @@ def _caption_tokens_changed(old: list, new: list, spliced: list[int]) -> dict:
     return {"inside": len(new) - len(head) - len(tail), "outside": outside}
 
 
-__all__ = ["anchor_box", "colour_mask", "instructed_edit", "object_box", "object_colour", "object_size", "picture_boxes",
-           "plan_caption", "plan_picture", "plan_speech", "splice_caption", "verdict"]
+__all__ = ["anchor_box", "colour_mask", "instructed_edit", "object_box", "object_measures", "picture_boxes", "plan_caption",
+           "plan_picture", "plan_speech", "splice_caption", "verdict"]

@@ -75,14 +75,14 @@ def repair_by_reading(pipe, result, request: str, seed: int = 0, colours: bool =
     pixels show another colour than it was read as), ``sizes`` (each whose extent names another size than it was
     read as), ``edits`` (each instruction, the object it means, whether it
     was kept and why not, its regions and codes drafted), ``forward_passes`` (the reading's). ``colours``: measure
-    each read object's colour from its pixels (:func:`unimodal.instructed.object_colour`, the palette word most of
+    each read object's colour from its pixels (:func:`unimodal.instructed.object_measures`, the palette word most of
     them are nearest to) and take that over the reading where they differ: the model reads a colour it drew
     between two words (an orange-yellow square) as the one it was asked for. ``sizes``: likewise each read
-    object's size from its extent (:func:`unimodal.instructed.object_size`; the trace's ``sizes``): the model
+    object's size from its extent (the same measure; the trace's ``sizes``): the model
     reads some small objects as large, and shrinking a small object breaks it. Nothing changes when the reading
     states another number of objects or no scene, or when only a shape or relation differs (or a colour read
     otherwise that the pixels show as asked)."""
-    from unimodal.instructed import drafted_edit, object_colour, object_size
+    from unimodal.instructed import drafted_edit, object_measures
     from unimodal.refine import cross_modal_check
 
     check = cross_modal_check(pipe, result, request, seed)
@@ -95,20 +95,17 @@ def repair_by_reading(pipe, result, request: str, seed: int = 0, colours: bool =
                         "the reading states another number of objects")
         return result, trace
     current = as_read(asked, heard)
-    rgb = np.asarray(result.image.convert("RGB"))
-    if sizes:  # found by the colour it was read as, as the edit will find it: before the colours are corrected
+    if colours or sizes:  # each object found once, by the colour it was read as (as its edit will find it)
+        rgb = np.asarray(result.image.convert("RGB"))
         for index, obj in enumerate(current["objects"]):
-            shown, extent = object_size(rgb, current, index)
-            if shown is not None and shown != obj.get("size"):
-                trace["sizes"].append({"object": index, "read": obj.get("size"), "pixels": shown, "extent": extent})
-    if colours:
-        for index, obj in enumerate(current["objects"]):
-            shown, counts = object_colour(rgb, current, index)
-            if shown is not None and counts[shown] > counts[obj["color"]]:
-                trace["colours"].append({"object": index, "read": obj["color"], "pixels": shown,
+            colour, counts, size, extent = object_measures(rgb, current, index)
+            if colours and colour is not None and counts[colour] > counts[obj["color"]]:
+                trace["colours"].append({"object": index, "read": obj["color"], "pixels": colour,
                                          "counts": {k: v for k, v in counts.items() if v}})
-        for seen in trace["colours"]:
-            current["objects"][seen["object"]]["color"] = seen["pixels"]
+            if sizes and size is not None and size != obj.get("size"):
+                trace["sizes"].append({"object": index, "read": obj.get("size"), "pixels": size, "extent": extent})
+    for seen in trace["colours"]:
+        current["objects"][seen["object"]]["color"] = seen["pixels"]
     for seen in trace["sizes"]:
         current["objects"][seen["object"]]["size"] = seen["pixels"]
     asked_for = repairs(asked, current)
