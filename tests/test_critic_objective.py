@@ -284,6 +284,15 @@ def test_bench_refine_measures_critics_on_the_models_own_mistakes(tiny_codec_dir
     assert code != 0 and "run the bench again" in err
     code, out, err = run("bench", "compare", tmp_path / "mistakes", tmp_path / "reseeded-missing")
     assert code != 0 and "Traceback" not in err
+    # a report kept gzip-compressed (as the repository keeps its largest) pairs the same; a broken one is refused
+    import gzip
+    (tmp_path / "kept.json.gz").write_bytes(gzip.compress(json.dumps(report).encode()))
+    code, again, err = run("bench", "compare", tmp_path / "mistakes", tmp_path / "kept.json.gz")
+    assert code == 0, err
+    assert "paired difference" in again and "content" in again
+    (tmp_path / "broken.json.gz").write_bytes(b"not gzip")
+    code, out, err = run("bench", "compare", tmp_path / "mistakes", tmp_path / "broken.json.gz")
+    assert code != 0 and "broken.json.gz" in err and "Traceback" not in err
     code, out, err = run("bench", "refine", "--model", model, "--n", "2", "--mistakes", "0.5",
                          "--critics", "confidence,learned", "--out", tmp_path / "refused")
     assert code != 0 and "never trained" in err and not (tmp_path / "refused").exists()

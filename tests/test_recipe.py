@@ -143,6 +143,46 @@ def test_complementary_masks_train_every_target_token_once_per_step():
         TrainConfig(masking="half")
 
 
+def test_suffix_masks_hide_the_rest_of_a_text_target_and_leave_codes_random():
+    from unimodal.tokenizers_mm.layout import SEGMENT_IDS
+
+    layout = toy_layout()
+    batch = mixed_batch(layout, seed=5)
+    b = batch.batch
+    t = torch.tensor([0.2, 0.5, 0.7, 1.0])
+    spec = LossSpec(TargetVocab.of(layout), masking="independent", suffix_share=1.0)
+    masked = spec.mask(b.ids, batch.maskable, t, torch.Generator().manual_seed(0), segment_ids=b.segment_ids)
+    random = mask_targets(b.ids, batch.maskable, t, torch.Generator().manual_seed(0))
+    text = batch.maskable & (b.segment_ids == SEGMENT_IDS["text"])
+    assert text.any()
+    for row in range(4):
+        slots = text[row].nonzero().squeeze(1)
+        if slots.numel() == 0:
+            continue
+        hidden = masked.masked[row, slots]
+        # a suffix: nothing visible after the first masked text slot, and floor((1 - t) n) real tokens kept
+        assert torch.equal(hidden, torch.sort(hidden.int(), stable=True).values.bool())
+        real = int((b.ids[row, slots] != PAD).sum())
+        assert int((~hidden).sum()) == int((1 - t[row]) * real)
+    # image and audio targets keep exactly the random mask they had
+    assert torch.equal(masked.masked & ~text, random.masked & ~text)
+    assert torch.equal(masked.noisy_ids == 1, masked.masked)
+    # share 0 is the random mask itself; complementary masking takes the suffix's complement (its prefix)
+    none = LossSpec(masking="independent", suffix_share=0.0).mask(b.ids, batch.maskable, t,
+                                                                  torch.Generator().manual_seed(0), b.segment_ids)
+    assert torch.equal(none.masked, random.masked)
+    both = LossSpec(masking="complementary", suffix_share=1.0).mask(b.ids, batch.maskable, t,
+                                                                    torch.Generator().manual_seed(0), b.segment_ids)
+    assert torch.equal(both.masked[:4], masked.masked) and torch.equal(both.masked[4:], batch.maskable & ~masked.masked)
+    torch.manual_seed(0)
+    model = DiT.from_preset("tiny", layout.vocab_size)
+    loss, _ = step_loss(model, batch, MaskSchedule(), torch.Generator().manual_seed(0), spec, t=t)
+    assert torch.isfinite(loss)
+    with pytest.raises(InputError, match="suffix_share"):
+        TrainConfig(suffix_share=1.5)
+    assert TrainConfig(suffix_share=0.5).loss_spec(layout).suffix_share == 0.5
+
+
 def test_bf16_follows_the_hardware():
     assert cpu_has_bf16_units("flags : fpu sse avx2 avx512f avx512_bf16 avx512vl")
     assert cpu_has_bf16_units("flags : fpu sse avx2 amx_bf16 amx_tile")

@@ -76,7 +76,12 @@ def complementary_masks(ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tens
     complementary mask at ratio ``1 - t``, so every target token is predicted exactly once per step. LaViDa
     (2025) introduced it for vision-language diffusion: with one independent mask, the few words that carry a
     caption's content (a colour, a shape) go unmasked, and untrained, about half the time."""
-    first = mask_targets(ids, maskable, t, generator)
+    return complementary_of(mask_targets(ids, maskable, t, generator))
+
+
+def complementary_of(first: MaskedBatch) -> MaskedBatch:
+    """``first``'s rows followed by the same samples masked with the complement of each one's mask."""
+    ids, maskable, t = first.targets, first.maskable, first.t
     second = maskable & ~first.masked
     both = torch.cat([first.masked, second])
     ids2 = torch.cat([ids, ids])
@@ -87,6 +92,28 @@ def complementary_masks(ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tens
 
 COMPLEMENT_FLOOR = 1e-3  # the schedule's smallest ratio (MaskSchedule.min_ratio): bounds the 1/t weight
 MASKINGS = ("independent", "complementary")  # one mask per sample at ratio t, or the mask and its complement
+
+
+def suffix_text_masks(batch: MaskedBatch, segment_ids: torch.Tensor, share: float,
+                      generator: torch.Generator | None = None) -> MaskedBatch:
+    """With probability ``share`` per sample, its text target masked as a suffix instead of at random: the
+    first ``floor((1 - t) * n)`` of its ``n`` real text tokens stay visible and every text slot after them
+    (the rest of the words, the END, the PAD filler) is masked. That is the state a left-to-right decoder is
+    in, where each masked word is predicted from clean words before it, as in the AR twin; the other samples
+    keep their random masks, so the model still fills holes anywhere (what critique and edits re-mask).
+    Image and audio targets are left as they were. Block and semi-autoregressive diffusion (BD3-LM, 2025)
+    train the same prefix-conditioned state."""
+    if share <= 0:
+        return batch
+    text = batch.maskable & (segment_ids == SEGMENT_IDS["text"])  # (B, L)
+    real = text & (batch.targets != PAD)
+    keep = torch.floor((1.0 - batch.t) * real.sum(dim=1)).long()  # (B,) real text tokens left visible
+    rank = torch.cumsum(text.long(), dim=1) - 1  # each text slot's index among its sample's text slots
+    suffix = text & (rank >= keep[:, None])
+    chosen = (torch.rand(batch.t.shape, generator=generator) < share)[:, None] & text.any(dim=1, keepdim=True)
+    masked = torch.where(chosen, (batch.masked & ~text) | suffix, batch.masked)
+    noisy = torch.where(masked, torch.full_like(batch.targets, MASK), batch.targets)
+    return MaskedBatch(noisy, batch.targets, masked, batch.maskable, batch.t)
 
 
 def normaliser(batch: MaskedBatch, normalise: str) -> torch.Tensor:
@@ -153,8 +180,11 @@ class LossSpec:
     # The forward's per-token layers run on the real tokens alone (unimodal.backbone.dit.Packing): the same
     # values with less work on padded batches (False: every padding slot too, the form before it)
     unpad: bool = True
+    suffix_share: float = 0.0  # of the samples, those whose text target is masked as a suffix (suffix_text_masks)
 
     def __post_init__(self):
+        if not 0 <= self.suffix_share <= 1:
+            raise ValueError(f"suffix_share must lie in [0, 1], got {self.suffix_share!r}")
         if self.masking not in MASKINGS:
             raise ValueError(f"masking must be one of {MASKINGS}, got {self.masking!r}")
         if self.weighting not in WEIGHTINGS:
@@ -167,10 +197,15 @@ class LossSpec:
                        critic=self.critic and self.critic.to(device))
 
     def mask(self, ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor,
-             generator: torch.Generator | None = None) -> MaskedBatch:
-        """The step's masked rows: B of them, or 2B with complementary masking."""
-        masker = complementary_masks if self.masking == "complementary" else mask_targets
-        return masker(ids, maskable, t, generator)
+             generator: torch.Generator | None = None, segment_ids: torch.Tensor | None = None) -> MaskedBatch:
+        """The step's masked rows: B of them, or 2B with complementary masking (the complement of a suffix-masked
+        text is its prefix). ``segment_ids`` (B, L): needed when ``suffix_share`` > 0."""
+        first = mask_targets(ids, maskable, t, generator)
+        if self.suffix_share > 0:
+            if segment_ids is None:
+                raise ValueError("suffix masking needs each slot's segment id to find the text targets")
+            first = suffix_text_masks(first, segment_ids, self.suffix_share, generator)
+        return complementary_of(first) if self.masking == "complementary" else first
 
 
 def sparse_diffusion_loss(head, hidden: torch.Tensor, segment_ids: torch.Tensor, batch: MaskedBatch,

@@ -66,6 +66,9 @@ class TrainConfig:
     # unimodal.training.objective.MASKINGS. complementary (each sample twice, with a mask and its complement:
     # 2x the rows of batch_size) won at equal compute in `bench recipe` (docs/results.md, "Recipe variants")
     masking: str = "complementary"
+    # Of the samples, those whose text target is masked as a suffix, the words before a cut point visible
+    # (unimodal.training.objective.suffix_text_masks): the state a left-to-right decoder is in. 0: none
+    suffix_share: float = 0.0
     sparse_head: bool = True  # logits only at masked slots, over their modality's ids (False: the first recipe)
     unpad: bool = True  # the per-token layers skip padding slots (same values, less work; False: the first recipe)
     task_weights: dict = field(default_factory=lambda: dict(DEFAULT_TASK_WEIGHTS))
@@ -114,6 +117,8 @@ class TrainConfig:
             raise InputError(f"train_subset must be a positive number of samples, got {self.train_subset}")
         if self.masking not in MASKINGS:
             raise InputError(f"masking must be one of {MASKINGS}, got {self.masking!r}")
+        if not (isinstance(self.suffix_share, (int, float)) and 0 <= self.suffix_share <= 1):
+            raise InputError(f"suffix_share must be a share in [0, 1], got {self.suffix_share!r}")
         if self.loss_weighting not in WEIGHTINGS or self.loss_norm not in NORMALISERS:
             raise InputError(f"loss weighting must be one of {WEIGHTINGS} and normalisation one of {NORMALISERS}, "
                              f"got {self.loss_weighting!r} and {self.loss_norm!r}")
@@ -156,7 +161,7 @@ class TrainConfig:
         critic = CriticSpec.of(layout, weight, self.critic_share, self.critic_swap_rate, attributes, labels) \
             if self.trains_critic else None
         return LossSpec(TargetVocab.of(layout) if self.sparse_head else None, self.loss_weighting, self.loss_norm,
-                        self.masking, critic, self.critic_only, self.unpad)
+                        self.masking, critic, self.critic_only, self.unpad, self.suffix_share)
 
     @property
     def autoregressive(self) -> bool:
@@ -223,7 +228,7 @@ def step_loss(model, batch: ExampleBatch, schedule: MaskSchedule, generator: tor
     vocabulary head and logits are computed only at masked slots, over their modality's ids."""
     b = batch.batch
     t = schedule.sample(b.ids.shape[0], generator) if t is None else t
-    masked = spec.mask(b.ids, batch.maskable, t, generator)
+    masked = spec.mask(b.ids, batch.maskable, t, generator, segment_ids=b.segment_ids)
     rows = masked.noisy_ids.shape[0] // b.ids.shape[0]  # 2 with complementary masks: every input twice
 
     device = next(model.parameters()).device
@@ -961,6 +966,10 @@ def add_arguments(parser) -> None:
                         help="one mask per sample at ratio t, or complementary: each sample also with the "
                              "complement of its mask, so every target token is trained each step (2x the rows: "
                              "halve --batch-size for the same compute)")
+    parser.add_argument("--suffix-share", type=float, default=TrainConfig.suffix_share,
+                        help="share of the samples whose text target is masked as a suffix (the words before a "
+                             "random cut visible, every slot after it masked: the state of a left-to-right "
+                             "decoder); the others keep random masks. 0 (default): random masks only")
     parser.add_argument("--critic-weight", type=float, default=TrainConfig.critic_weight,
                         help=f"train the critic head (critic='learned' in refine) with this weight beside the "
                              f"denoising loss; 0 (default): off, the head takes no part; {CRITIC_WEIGHT} to train it")
@@ -1077,6 +1086,7 @@ def run_from_args(args) -> int:
                      grad_accum=args.grad_accum, lr=args.lr, warmup=args.warmup, val_every=args.val_every,
                      checkpoint_every=args.checkpoint_every, bf16=args.bf16, seed=args.seed,
                      loss_weighting=args.loss_weighting, loss_norm=args.loss_norm, masking=args.masking,
+                     suffix_share=args.suffix_share,
                      objective=args.objective, train_subset=args.train_subset, snapshots=args.snapshots,
                      ema_decay=args.ema_decay, init_from=args.init_from, max_audio_seconds=args.max_audio_seconds,
                      critic_weight=args.critic_weight, critic_share=args.critic_share, critic_only=args.critic_only,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 EVAL_HELP = "generate in every direction and score with the independent judges"
 
@@ -26,10 +27,9 @@ def add_model_arguments(parser) -> None:
 
 
 def read_report(name: str, what: str, required: tuple[str, ...], default_file: str | None = None) -> dict:
-    """A JSON report a bench wrote (``default_file`` inside ``name`` when it is a folder), refused with an
+    """A JSON report a bench wrote (``default_file`` inside ``name`` when it is a folder; gzip-compressed when its
+    name ends in ``.gz``, as the repository keeps its largest per-case reports), refused with an
     ``InputFileError`` naming it when it cannot be read or lacks a ``required`` key."""
-    import json
-
     from unimodal.core.errors import InputFileError
     from unimodal.core.paths import user_path
 
@@ -37,13 +37,23 @@ def read_report(name: str, what: str, required: tuple[str, ...], default_file: s
     if default_file and path.is_dir():
         path = path / default_file
     try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
+        report = load_json(path)
+    except (OSError, ValueError, EOFError) as error:
         raise InputFileError(f"{name!r} cannot be read as {what}: {error}") from None
     missing = [key for key in required if not isinstance(report, dict) or key not in report]
     if missing:
         raise InputFileError(f"{name!r} is not {what} (no {' and '.join(repr(k) for k in missing)})")
     return report
+
+
+def load_json(path) -> object:
+    """A JSON file's content; gzip-compressed when its name ends in ``.gz`` (the repository keeps its largest
+    per-case reports so). Raises OSError, ValueError or EOFError when it cannot be read."""
+    import gzip
+    import json
+
+    path = Path(path)
+    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
 
 
 def number_list(kind):

@@ -281,9 +281,11 @@ def _mistakes_report(name: str) -> dict | None:
 def _report_of_kind(path: Path, is_kind) -> dict | None:
     """The report a JSON file holds, whatever its name, when ``is_kind`` says it is the kind looked for; else None
     (a file that cannot be read is refused later by ``read_report``, with the message of the kind expected)."""
+    from unimodal.cli_common import load_json
+
     try:
-        report = json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, ValueError):
+        report = load_json(path) if path.is_file() else None
+    except (OSError, ValueError, EOFError):
         return None
     return report if is_kind(report) else None
 
