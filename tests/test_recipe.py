@@ -410,6 +410,29 @@ def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):
         run_recipe(RecipeBudget(), [("first", {})], None, tmp_path)
 
 
+def test_a_variant_that_never_drew_reads_captions_without_the_rival_check(tmp_path, monkeypatch):
+    """The rival check asks the drawing direction which caption the picture is likelier under: a variant trained
+    on reading alone would choose at random, so its captions are judged as read."""
+    import unimodal.eval_cases
+    import unimodal.inference.evaluate
+    import unimodal.pipeline
+    from unimodal.recipe import RecipeBudget, judge_variant
+
+    given = []
+
+    def fake_evaluate(pipe, cases, directions, settings, **kwargs):
+        given.append((directions, settings))
+        return {"figures": {d: {"accuracy": 1.0} for d in directions},
+                "_samples": {d: (None, None, [{"correct": True}]) for d in directions}}
+
+    monkeypatch.setattr(unimodal.inference.evaluate, "evaluate", fake_evaluate)
+    monkeypatch.setattr(unimodal.eval_cases, "load_cases", lambda *a, **k: ([], None))
+    monkeypatch.setattr(unimodal.pipeline.UniModal, "from_pretrained", classmethod(lambda cls, *a, **k: None))
+    judge_variant(RecipeBudget(), tmp_path, False, ["image->text"])
+    judge_variant(RecipeBudget(), tmp_path, False, ["text->image", "image->text"])
+    assert given == [(["image->text"], {"rivals": False}), (["text->image", "image->text"], {})]
+
+
 def test_a_checkpoint_older_than_a_setting_resumes_as_it_was_trained(tmp_path):
     """Changing a default (complementary masking, per-real-token normalisation, the sparse head) must not change
     a run that is resumed: keys its checkpoint predates take what it was trained with."""

@@ -127,8 +127,11 @@ def judge_variant(budget: RecipeBudget, run: Path, progress: bool, directions: l
 
     cases, _ = load_cases(budget.data, "test", budget.eval_n, speech=False)
     pipe = UniModal.from_pretrained(run / "model")
-    report = evaluate(pipe, cases, list(directions or DIRECTIONS), {}, seed=budget.seed, judges=Judges(),
-                      progress=progress)
+    directions = list(directions or DIRECTIONS)
+    # a caption's rival check asks the drawing direction (unimodal.rivals): a variant that never learned to draw
+    # would choose between the two captions at random, so it reads as read
+    settings = {} if "text->image" in directions else {"rivals": False}
+    report = evaluate(pipe, cases, directions, settings, seed=budget.seed, judges=Judges(), progress=progress)
     return {d: {"accuracy": f.get("accuracy"), "sampler": f.get("sampler"),
                 "verdicts": verdicts_of([s.get("correct") for s in report["_samples"][d][2]])}
             for d, f in report["figures"].items()}
