@@ -446,3 +446,30 @@ def test_a_checkpoint_older_than_a_setting_resumes_as_it_was_trained(tmp_path):
     assert (cfg.masking, cfg.loss_norm, cfg.sparse_head, cfg.steps) == ("independent", "maskable", False, 7)
     new = TrainConfig()
     assert (new.masking, new.loss_norm, new.sparse_head) == ("complementary", "real", True)  # what new runs use
+
+
+def test_partition_masks_cover_each_target_slot_once_across_four_rows():
+    from unimodal.training.objective import PARTITION_ROWS, rows_per_sample
+
+    layout = toy_layout()
+    batch = mixed_batch(layout, seed=3)
+    b = batch.batch
+    n = b.ids.shape[0]
+    t = torch.tensor([0.1, 0.4, 0.8, 1.0])
+    spec = LossSpec(TargetVocab.of(layout), masking="partition")
+    rows = spec.mask(b.ids, batch.maskable, t, torch.Generator().manual_seed(0), segment_ids=b.segment_ids)
+    assert rows_per_sample("partition") == PARTITION_ROWS == rows.masked.shape[0] // n
+    masks = rows.masked.view(PARTITION_ROWS, n, -1)
+    # the first rows are the random mask itself; every maskable slot is masked in exactly one row, no other slot
+    assert torch.equal(masks[0], mask_targets(b.ids, batch.maskable, t, torch.Generator().manual_seed(0)).masked)
+    assert torch.equal(masks.sum(dim=0), batch.maskable.long())
+    # the complement is really split: at t = 0.1 each extra row holds part of it, none the whole
+    rest = batch.maskable[0] & ~masks[0, 0]
+    assert all(0 < int(masks[k, 0].sum()) < int(rest.sum()) for k in range(1, PARTITION_ROWS))
+    assert torch.allclose(rows.t.view(PARTITION_ROWS, n)[1], ((1 - t) / (PARTITION_ROWS - 1)).clamp_min(1e-3))
+    assert torch.equal(rows.noisy_ids == 1, rows.masked)
+    torch.manual_seed(0)
+    model = DiT.from_preset("tiny", layout.vocab_size)
+    loss, acc = step_loss(model, batch, MaskSchedule(), torch.Generator().manual_seed(0), spec, t=t)
+    assert torch.isfinite(loss) and 0 <= float(acc) <= 1
+    assert TrainConfig(masking="partition").loss_spec(layout).masking == "partition"

@@ -269,6 +269,15 @@ def test_bench_train_times_the_first_recipes_step_and_the_unpadded_one_side_by_s
     out = capsys.readouterr().out
     assert "sparse=False per_token=where unpad=False" in out and "sparse=True per_token=product unpad=True" in out
     assert "this step over the first recipe's (dense logits, torch.where rows, padded; bf16=False, compiled=False):" in out
+    assert main(["bench", "train", "--preset", "tiny", "--batch-size", "4", "--steps", "1", "--no-bf16",
+                 "--masking", "complementary", "--compare-masking", "partition"]) == 0
+    out = capsys.readouterr().out
+    assert "unpad=True masking=complementary" in out and "unpad=True masking=partition" in out
+    assert "step time with masking=partition over masking=complementary (sparse=True, per_token=product, " \
+           "unpad=True, bf16=False, compiled=False; as a slowdown):" in out
+    assert main(["bench", "train", "--preset", "tiny", "--steps", "1", "--masking", "partition",
+                 "--compare-masking", "partition"]) == 2
+    assert "--compare-masking partition is the step's own --masking" in capsys.readouterr().err
 
 
 def test_bench_train_times_a_real_batch_drawn_as_the_trainer_draws_one(tiny_codec_dir, tiny_scenes, capsys):

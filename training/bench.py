@@ -21,7 +21,7 @@ from unimodal.backbone.dit import DiT, flops_per_token
 from unimodal.tokenizers_mm.layout import Layout
 from unimodal.training.schedule import MaskSchedule
 from unimodal.training.tasks import Task, build_example, collate_examples
-from unimodal.training.objective import LossSpec, TargetVocab
+from unimodal.training.objective import LossSpec, TargetVocab, rows_per_sample
 from unimodal.training.train import CompiledForward, length_grouped, step_loss
 
 
@@ -45,7 +45,7 @@ class TrainBenchResult:
     sparse: bool = True  # logits only at masked slots, over their modality's ids
     per_token: str = "product"  # how each token gets its adaLN row (unimodal.backbone.dit.PER_TOKEN)
     unpad: bool = True  # per-token layers on the real tokens alone (unimodal.backbone.dit.Packing)
-    masking: str = "independent"  # one mask per sample, or complementary (every sample twice)
+    masking: str = "independent"  # objective.MASKINGS: one mask per sample, complementary (twice), partition
     data: str = "synthetic"  # the batch timed: synthetic, or the training sets it was drawn from
 
 
@@ -54,11 +54,13 @@ class StepForm:
     """How a benchmarked step computes what it computes (each form gives the same loss, up to rounding):
     ``sparse``: logits only at masked slots, over their modality's ids; ``per_token``: how a token gets its
     adaLN row (a name of :data:`unimodal.backbone.dit.PER_TOKEN`); ``unpad``: the per-token layers skip the
-    padding slots."""
+    padding slots; ``masking``: the step's masking (a name of :data:`unimodal.training.objective.MASKINGS`;
+    None: the benchmark's)."""
 
     sparse: bool = True
     per_token: str = "product"
     unpad: bool = True
+    masking: str | None = None
 
 
 FIRST_RECIPE = StepForm(sparse=False, per_token="where", unpad=False)  # the step before issue 13's changes
@@ -152,8 +154,9 @@ def bench_train_side_by_side(preset: str = "small", batch_size: int = 16, steps:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
     runner = CompiledForward(model) if compile else model
-    specs = {form: LossSpec(TargetVocab.of(layout) if form.sparse else None, masking=masking, unpad=form.unpad)
-             for form in forms}
+    masking_of = {form: form.masking or masking for form in forms}
+    specs = {form: LossSpec(TargetVocab.of(layout) if form.sparse else None, masking=masking_of[form],
+                            unpad=form.unpad) for form in forms}
 
     def one_step(form: StepForm) -> float:
         start = time.perf_counter()
@@ -175,20 +178,19 @@ def bench_train_side_by_side(preset: str = "small", batch_size: int = 16, steps:
     tokens = sum(int(b.batch.attention_mask.sum()) for b in batches)
     padded = sum(b.batch.ids.numel() for b in batches)
     seq_len = max(b.batch.ids.shape[1] for b in batches)
-    # complementary masks: every sample trained twice (the unpadded form computes their shared conditions once,
-    # so its MFU counts work the objective asks for, a little above what the hardware did)
-    rows = 2 if masking == "complementary" else 1
-    flops = rows * sum(3 * flops_per_token(model, b.batch.ids.shape[1]) * int(b.batch.attention_mask.sum())
-                       for b in batches)
+    # complementary masks and partitions: every sample trained two or more times (the unpadded form computes their
+    # shared conditions once, so its MFU counts work the objective asks for, a little above what the hardware did)
+    once = sum(3 * flops_per_token(model, b.batch.ids.shape[1]) * int(b.batch.attention_mask.sum()) for b in batches)
     results = []
     for index, form in enumerate(forms):
+        flops = rows_per_sample(masking_of[form]) * once
         step_s = float(np.median([row[index] for row in times]))
         results.append(TrainBenchResult(preset, sum(p.numel() for p in model.parameters()) / 1e6,
                                         torch.get_num_threads(), batch_size, grad_accum, seq_len, tokens / padded,
                                         bf16, step_s, tokens / step_s, flops / step_s / 1e12, peak32 / 1e12,
                                         peak16 / 1e12, flops / step_s / (peak16 if bf16 else peak32), compile,
                                         form.sparse, form.per_token, form.unpad and not compile,  # compiled: padded
-                                        masking, data or "synthetic"))
+                                        masking_of[form], data or "synthetic"))
     return results
 
 
@@ -203,10 +205,17 @@ def speedups(results: list[TrainBenchResult]) -> list[tuple[str, float]]:
         others = [k for k in named if k != part]
         for new in (r for r in results if getattr(r, part) == newer[part]):
             for old in (r for r in results if getattr(r, part) != newer[part]):
-                if all(getattr(old, k) == getattr(new, k) for k in others):
+                if all(getattr(old, k) == getattr(new, k) for k in others) and old.masking == new.masking:
                     context = ", ".join(f"{k}={getattr(new, k)}" for k in others)
                     lines.append((f"{label} (bf16={new.bf16}, compiled={new.compiled}, {context})",
                                   old.step_seconds / new.step_seconds))
+    forms = {(r.sparse, r.per_token, r.unpad) for r in results}
+    for form in sorted(forms, key=str):  # the same step under two maskings: what the other rows cost
+        timed = [r for r in results if (r.sparse, r.per_token, r.unpad) == form]
+        for other in timed[1:]:
+            lines.append((f"step time with masking={other.masking} over masking={timed[0].masking} (sparse={form[0]}, "
+                          f"per_token={form[1]}, unpad={form[2]}, bf16={other.bf16}, compiled={other.compiled}; "
+                          f"as a slowdown)", other.step_seconds / timed[0].step_seconds))
     first = [r for r in results if StepForm(r.sparse, r.per_token, r.unpad) == FIRST_RECIPE]
     now = [r for r in results if StepForm(r.sparse, r.per_token, r.unpad) == StepForm()]
     if first and now:

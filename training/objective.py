@@ -90,8 +90,39 @@ def complementary_of(first: MaskedBatch) -> MaskedBatch:
                        torch.cat([maskable, maskable]), torch.cat([t, t2]))
 
 
+def partition_of(first: MaskedBatch, rows: int, generator: torch.Generator | None = None) -> MaskedBatch:
+    """``first``'s rows, then the complement of each one's mask split at random into ``rows - 1`` more rows
+    (``rows`` x B in all): every target token is still predicted exactly once per step, as with
+    :func:`complementary_of` (``rows`` = 2), but most of them with most of their target in view. A slot outside
+    ``first``'s mask goes to one of the extra rows uniformly at random, so each masks about ``(1 - t) / (rows -
+    1)`` of the target. With one complement a caption's content words are mostly predicted in the row that hides
+    most of the caption, where a masked slot may hold a colour in one phrasing and a shape in another; the
+    partition's rows show the words around each one (a step's condition tokens are computed once however many
+    rows, ``DiT.forward(copies=)``)."""
+    if rows < 2:
+        raise ValueError(f"a partition needs at least 2 rows, got {rows}")
+    ids, maskable, t = first.targets, first.maskable, first.t
+    rest = maskable & ~first.masked
+    part = torch.randint(rows - 1, ids.shape, generator=generator)
+    masks = [first.masked] + [rest & (part == k) for k in range(rows - 1)]
+    share = ((1.0 - t) / (rows - 1)).clamp_min(COMPLEMENT_FLOOR)  # what each extra row masks in expectation
+    ratios = [t] + [share] * (rows - 1)
+    both = torch.cat(masks)
+    ids_k = ids.repeat(rows, 1)
+    return MaskedBatch(torch.where(both, torch.full_like(ids_k, MASK), ids_k), ids_k, both, maskable.repeat(rows, 1),
+                       torch.cat(ratios))
+
+
 COMPLEMENT_FLOOR = 1e-3  # the schedule's smallest ratio (MaskSchedule.min_ratio): bounds the 1/t weight
-MASKINGS = ("independent", "complementary")  # one mask per sample at ratio t, or the mask and its complement
+# One mask per sample at ratio t; the mask and its complement; the mask and its complement split into
+# PARTITION_ROWS - 1 rows (partition_of)
+MASKINGS = ("independent", "complementary", "partition")
+PARTITION_ROWS = 4
+
+
+def rows_per_sample(masking: str) -> int:
+    """How many masked rows a step trains per sample under ``masking`` (:data:`MASKINGS`)."""
+    return {"independent": 1, "complementary": 2, "partition": PARTITION_ROWS}[masking]
 
 
 def suffix_text_masks(batch: MaskedBatch, segment_ids: torch.Tensor, share: float,
@@ -198,13 +229,15 @@ class LossSpec:
 
     def mask(self, ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor,
              generator: torch.Generator | None = None, segment_ids: torch.Tensor | None = None) -> MaskedBatch:
-        """The step's masked rows: B of them, or 2B with complementary masking (the complement of a suffix-masked
-        text is its prefix). ``segment_ids`` (B, L): needed when ``suffix_share`` > 0."""
+        """The step's masked rows: B of them, 2B with complementary masking (the complement of a suffix-masked
+        text is its prefix), ``PARTITION_ROWS`` x B with a partition. ``segment_ids`` (B, L): needed when ``suffix_share`` > 0."""
         first = mask_targets(ids, maskable, t, generator)
         if self.suffix_share > 0:
             if segment_ids is None:
                 raise ValueError("suffix masking needs each slot's segment id to find the text targets")
             first = suffix_text_masks(first, segment_ids, self.suffix_share, generator)
+        if self.masking == "partition":
+            return partition_of(first, PARTITION_ROWS, generator)
         return complementary_of(first) if self.masking == "complementary" else first
 
 

@@ -229,7 +229,7 @@ def step_loss(model, batch: ExampleBatch, schedule: MaskSchedule, generator: tor
     b = batch.batch
     t = schedule.sample(b.ids.shape[0], generator) if t is None else t
     masked = spec.mask(b.ids, batch.maskable, t, generator, segment_ids=b.segment_ids)
-    rows = masked.noisy_ids.shape[0] // b.ids.shape[0]  # 2 with complementary masks: every input twice
+    rows = masked.noisy_ids.shape[0] // b.ids.shape[0]  # 2 with complementary masks (every input twice), 4: partition
 
     device = next(model.parameters()).device
 
@@ -965,7 +965,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--masking", choices=MASKINGS, default=TrainConfig.masking,
                         help="one mask per sample at ratio t, or complementary: each sample also with the "
                              "complement of its mask, so every target token is trained each step (2x the rows: "
-                             "halve --batch-size for the same compute)")
+                             "halve --batch-size for the same compute), or partition: the complement split at "
+                             "random into three more rows, so most target tokens are trained with most of their "
+                             "target in view (4x the rows; the conditions computed once)")
     parser.add_argument("--suffix-share", type=float, default=TrainConfig.suffix_share,
                         help="share of the samples whose text target is masked as a suffix (the words before a "
                              "random cut visible, every slot after it masked: the state of a left-to-right "

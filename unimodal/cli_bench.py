@@ -12,8 +12,11 @@ from unimodal.cli_common import add_model_arguments, number_list, parse_cfg
 
 def _cmd_bench_train(args) -> int:
     import itertools
+    from dataclasses import replace
 
     import torch
+
+    from unimodal.core.errors import InputError
 
     from unimodal.training.bench import (FIRST_RECIPE, StepForm, bench_train_side_by_side, format_result,
                                          result_dict, speedups)
@@ -30,6 +33,10 @@ def _cmd_bench_train(args) -> int:
                 else ("product",), unpad)
         forms = tuple(StepForm(*choice) for choice in itertools.product(*axes)
                       if not (choice[1] == "where" and choice[2]))
+    if args.compare_masking is not None:
+        if args.compare_masking == args.masking:
+            raise InputError(f"--compare-masking {args.compare_masking} is the step's own --masking: name another")
+        forms = forms + tuple(replace(form, masking=args.compare_masking) for form in forms)
     results = []
     for bf16 in ([True, False] if args.compare_fp32 else [not args.no_bf16]):
         for compiled in ([False, True] if args.compile else [False]):
@@ -174,9 +181,13 @@ def add_bench_commands(sub) -> None:
                             "trainer draws one, instead of the synthetic batch (default)")
     train.add_argument("--codecs", default=None, help="with --data: the codecs that encode it (default: the shipped "
                                                       "ones)")
-    train.add_argument("--masking", choices=("independent", "complementary"), default="independent",
-                       help="one mask per sample (default, as the figures in docs/results.md), or complementary: "
-                            "each sample twice a step, with a mask and its complement, as the trainer does")
+    train.add_argument("--masking", choices=("independent", "complementary", "partition"), default="independent",
+                       help="one mask per sample (default, as the figures in docs/results.md), complementary: "
+                            "each sample twice a step, with a mask and its complement, as the trainer does, or "
+                            "partition: the complement split into three more rows")
+    train.add_argument("--compare-masking", choices=("independent", "complementary", "partition"), default=None,
+                       help="also run the step under this masking, side by side with --masking's: what the extra "
+                            "rows cost per step (complementary trains each sample twice, partition four times)")
     train.add_argument("--json", default=None)
     train.set_defaults(func=_cmd_bench_train)
     _add_bench_sample_command(bench)
