@@ -401,10 +401,21 @@ def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):
     # a variant that trains drawing alone is judged on drawing alone (the model refuses to read pictures)
     assert trained_directions(RecipeBudget(), {}) == ["text->image", "image->text"]
     assert trained_directions(RecipeBudget(), {"task_weights": {"text->image": 1.0}}) == ["text->image"]
+    assert trained_directions(RecipeBudget(), {"task_weights": {"audio->text": 1.0}}) == ["audio->text"]
+    with pytest.raises(InputError, match="variant 'speak' trains none of the directions bench recipe judges"):
+        run_recipe(RecipeBudget(), [("speak", {"task_weights": {"text->audio": 1.0}})], None, tmp_path / "none")
+    assert not (tmp_path / "none" / "speak").exists()  # refused before anything trained
     report["variants"]["draw"] = {"overrides": {"task_weights": {"text->image": 1.0}}, "seconds": 30, "probe": {},
                                   "judged": {"text->image": better["text->image"]}}
     row = next(line for line in format_report(report).splitlines() if line.startswith("draw"))
     assert "0.750" in row and "nan" in row and "+0.500" in row
+    assert "audio->text" not in format_report(report)  # the column appears once a variant was judged hearing
+    report["variants"]["hear"] = {"overrides": {"task_weights": {"audio->text": 1.0}}, "seconds": 30, "probe": {},
+                                  "judged": {"audio->text": {"accuracy": 0.5, "verdicts": [1, 0, 1, 0]}}}
+    table = format_report(report)
+    assert "audio->text" in table.splitlines()[2]
+    row = next(line for line in table.splitlines() if line.startswith("hear"))
+    assert "0.500" in row and row.count("nan") == 2
     (tmp_path / "recipe.json").write_text(json.dumps({"budget": {"steps": 1}, "variants": {}}))
     with pytest.raises(InputError, match="another budget"):
         run_recipe(RecipeBudget(), [("first", {})], None, tmp_path)
@@ -426,11 +437,15 @@ def test_a_variant_that_never_drew_reads_captions_without_the_rival_check(tmp_pa
                 "_samples": {d: (None, None, [{"correct": True}]) for d in directions}}
 
     monkeypatch.setattr(unimodal.inference.evaluate, "evaluate", fake_evaluate)
-    monkeypatch.setattr(unimodal.eval_cases, "load_cases", lambda *a, **k: ([], None))
+    speech = []
+    monkeypatch.setattr(unimodal.eval_cases, "load_cases", lambda *a, **k: (speech.append(k["speech"]), ([], None))[1])
     monkeypatch.setattr(unimodal.pipeline.UniModal, "from_pretrained", classmethod(lambda cls, *a, **k: None))
     judge_variant(RecipeBudget(), tmp_path, False, ["image->text"])
     judge_variant(RecipeBudget(), tmp_path, False, ["text->image", "image->text"])
-    assert given == [(["image->text"], {"rivals": False}), (["text->image", "image->text"], {})]
+    judge_variant(RecipeBudget(), tmp_path, False, ["audio->text"])
+    assert given == [(["image->text"], {"rivals": False}), (["text->image", "image->text"], {}),
+                     (["audio->text"], {"rivals": False})]
+    assert speech == [False, False, True]  # the spoken captions are loaded only for hearing
 
 
 def test_a_checkpoint_older_than_a_setting_resumes_as_it_was_trained(tmp_path):

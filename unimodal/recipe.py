@@ -21,7 +21,10 @@ from pathlib import Path
 from unimodal.core.errors import InputError
 from unimodal.core.paths import report_json
 
-DIRECTIONS = ("text->image", "image->text")
+DIRECTIONS = ("text->image", "image->text")  # what a budget trains by default, and the table's first columns
+# What a variant may train and be judged on: the two above, and hearing speech (issue 13's second reading bar: the
+# twin's against diffusion's at equal compute), judged when a variant trains it
+JUDGED = DIRECTIONS + ("audio->text",)
 
 
 @dataclass
@@ -117,7 +120,7 @@ def trained_directions(budget: RecipeBudget, overrides: dict) -> list[str]:
     """The judged directions a variant trained (``task_weights={"text->image": 1}`` trains, and is judged on,
     drawing alone: a model refuses a direction it was never trained on)."""
     weights = overrides.get("task_weights", budget.tasks)
-    return [d for d in DIRECTIONS if weights.get(d, 0) > 0]
+    return [d for d in JUDGED if weights.get(d, 0) > 0]
 
 
 def judge_variant(budget: RecipeBudget, run: Path, progress: bool, directions: list[str] | None = None) -> dict:
@@ -125,9 +128,9 @@ def judge_variant(budget: RecipeBudget, run: Path, progress: bool, directions: l
     from unimodal.eval_cases import load_cases
     from unimodal.pipeline import UniModal
 
-    cases, _ = load_cases(budget.data, "test", budget.eval_n, speech=False)
+    directions = list(DIRECTIONS if directions is None else directions)
+    cases, _ = load_cases(budget.data, "test", budget.eval_n, speech="audio->text" in directions)
     pipe = UniModal.from_pretrained(run / "model")
-    directions = list(directions or DIRECTIONS)
     # a caption's rival check asks the drawing direction (unimodal.rivals): a variant that never learned to draw
     # would choose between the two captions at random, so it reads as read
     settings = {} if "text->image" in directions else {"rivals": False}
@@ -162,6 +165,10 @@ def run_recipe(budget: RecipeBudget, variants: list[tuple[str, dict]], codec_dir
     report = json.loads(cache.read_text()) if cache.is_file() else {"budget": asdict(budget), "variants": {}}
     if report["budget"] != json.loads(json.dumps(asdict(budget))):
         raise InputError(f"{out} holds a recipe experiment with another budget; use another --out")
+    for name, overrides in variants:  # before anything trains: a variant that nothing could judge is refused
+        if not trained_directions(budget, overrides):
+            raise InputError(f"variant {name!r} trains none of the directions bench recipe judges "
+                             f"({', '.join(JUDGED)}): give one of them a weight in task_weights")
     for name, overrides in variants:
         done = report["variants"].get(name)
         if done and done["overrides"] != overrides:
@@ -193,20 +200,22 @@ def format_report(report: dict) -> str:
     from unimodal.inference.evaluate import paired_difference
 
     budget = report["budget"]
+    heard = any("audio->text" in v.get("judged", {}) for v in report["variants"].values())
+    columns = DIRECTIONS + ("audio->text",) if heard else DIRECTIONS
     lines = [f"probe: attribute words of {PROBE_CAPTIONS} validation captions chosen first, teacher-forced "
              f"(unimodal.training.probe); shape: its shape words",
              f"budget: preset {budget['preset']}, {budget['steps']} steps x batch {budget['batch_size']}, lr "
              f"{budget['lr']}, data {budget['data']}, tasks {budget['tasks']}; judged on {budget['eval_n']} test "
              f"cases per direction (per-output sampling defaults)",
-             f"{'variant':<14} {'train min':>9} {'tok/s':>7} {'text->image':>11} {'image->text':>11} "
-             f"{'paired diff vs the first (95% CI)':>52} {'probe':>6} {'shape':>6}  settings"]
+             f"{'variant':<14} {'train min':>9} {'tok/s':>7} " + " ".join(f"{d:>11}" for d in columns) + " "
+             f"{'paired diff vs the first (95% CI)':>{26 * len(columns)}} {'probe':>6} {'shape':>6}  settings"]
     reference = next(iter(report["variants"].values()), {}).get("judged", {})
     for name, v in report["variants"].items():
         judged = v.get("judged", {})
-        cells = [f"{judged.get(d, {}).get('accuracy', float('nan')):>11.3f}" for d in DIRECTIONS]
+        cells = [f"{judged.get(d, {}).get('accuracy', float('nan')):>11.3f}" for d in columns]
         diffs = [paired_difference(judged.get(d, {}).get("verdicts"), reference.get(d, {}).get("verdicts"))
-                 for d in DIRECTIONS]
-        cells.append(f"{'  '.join(_diff(d) for d in diffs):>52}")
+                 for d in columns]
+        cells.append(f"{'  '.join(_diff(d) for d in diffs):>{26 * len(columns)}}")
         probe = v.get("probe") or {}
         shape = probe.get("by_class", {}).get("shape", {}).get("accuracy")
         cells.append(f"{probe['accuracy']:6.3f}" if probe else f"{'-':>6}")
