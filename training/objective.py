@@ -93,7 +93,8 @@ def complementary_of(first: MaskedBatch) -> MaskedBatch:
 def partition_of(first: MaskedBatch, rows: int, generator: torch.Generator | None = None) -> MaskedBatch:
     """``first``'s rows, then the complement of each one's mask split at random into ``rows - 1`` more rows
     (``rows`` x B in all): every target token is still predicted exactly once per step, as with
-    :func:`complementary_of` (``rows`` = 2), but most of them with most of their target in view. A slot outside
+    :func:`complementary_of` (``rows`` = 2), but more of them with most of their target in view (with 4 rows, in
+    expectation 0.56 of them with at least two thirds of it, against 0.11 with one complement). A slot outside
     ``first``'s mask goes to one of the extra rows uniformly at random, so each masks about ``(1 - t) / (rows -
     1)`` of the target. With one complement a caption's content words are mostly predicted in the row that hides
     most of the caption, where a masked slot may hold a colour in one phrasing and a shape in another; the
