@@ -45,17 +45,21 @@ def probe_setup(tiny_codec_dir, tmp_path_factory):
     return model_dir, stack, tokens, captions
 
 
+@pytest.mark.parametrize("source", ["image", "audio"])
 @pytest.mark.parametrize("objective, oracle_next, expected", [("ar", True, 1.0), ("diffusion", False, 0.0)])
-def test_the_probe_reads_exactly_the_attribute_words(probe_setup, monkeypatch, objective, oracle_next, expected):
+def test_the_probe_reads_exactly_the_attribute_words(probe_setup, monkeypatch, objective, oracle_next, expected,
+                                                     source):
     model_dir, stack, tokens, captions = probe_setup
+    if source == "audio":  # the same captions heard: a clip's codes in place of the picture's
+        tokens = [{"text": t["text"], "audio": torch.arange(12) % 8} for t in tokens]
     config = json.loads((model_dir / "training_config.json").read_text())
     (model_dir / "training_config.json").write_text(json.dumps({**config, "objective": objective}))
     vocab = stack.layout.vocab_size
     monkeypatch.setattr(probe_module, "load_pretrained", lambda cls, folder: _Oracle(vocab, oracle_next))
-    report = word_probe(model_dir, tokens, stack.text)
+    report = word_probe(model_dir, tokens, stack.text, source=source)
     single = [w for c in captions for w in c.split() if len(stack.text.encode_one(" " + w)) == 1
               and (w in COLORS or w in SHAPES or w in ("small", "large", "left", "top"))]
-    assert report["objective"] == objective and report["captions"] == 2
+    assert report["objective"] == objective and report["captions"] == 2 and report["source"] == source
     assert report["words"] == len(single) > 0  # the one-token attribute words, each once
     assert report["accuracy"] == expected
 
@@ -66,3 +70,7 @@ def test_the_probe_needs_captioned_pictures(probe_setup):
 
     with pytest.raises(InputError, match="image\\+text"):
         word_probe(model_dir, [{"text": tokens[0]["text"]}], stack.text)
+    with pytest.raises(InputError, match="audio\\+text"):
+        word_probe(model_dir, tokens, stack.text, source="audio")  # pictures, not clips
+    with pytest.raises(InputError, match="not from 'text'"):
+        word_probe(model_dir, tokens, stack.text, source="text")

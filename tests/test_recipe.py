@@ -402,6 +402,10 @@ def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):
     assert trained_directions(RecipeBudget(), {}) == ["text->image", "image->text"]
     assert trained_directions(RecipeBudget(), {"task_weights": {"text->image": 1.0}}) == ["text->image"]
     assert trained_directions(RecipeBudget(), {"task_weights": {"audio->text": 1.0}}) == ["audio->text"]
+    from unimodal.recipe import probe_source
+
+    assert [probe_source(d) for d in (["text->image", "image->text"], ["audio->text"], ["text->image"])] == \
+        ["image", "audio", None]  # the probe hears a variant that learned only to hear
     with pytest.raises(InputError, match="variant 'speak' trains none of the directions bench recipe judges"):
         run_recipe(RecipeBudget(), [("speak", {"task_weights": {"text->audio": 1.0}})], None, tmp_path / "none")
     assert not (tmp_path / "none" / "speak").exists()  # refused before anything trained

@@ -45,19 +45,23 @@ def attribute_positions(text_codec, layout, caption_ids: torch.Tensor, offset: i
 
 
 @torch.no_grad()
-def word_probe(model_dir: str | Path, tokens: list[dict], text_codec, batch_size: int = 32) -> dict:
+def word_probe(model_dir: str | Path, tokens: list[dict], text_codec, batch_size: int = 32,
+               source: str = "image") -> dict:
     """Per word class and overall: the share of attribute words that are the model's first choice, over the
-    image->text examples in ``tokens`` (ids per modality, as training reads them)."""
+    ``source``->text examples in ``tokens`` (ids per modality, as training reads them): ``source`` "image" reads
+    pictures, "audio" hears the captions spoken."""
+    if source not in ("image", "audio"):
+        raise InputError(f"the word probe reads captions from an image or from audio, not from {source!r}")
     model_dir = Path(model_dir)
     config_file = model_dir / "training_config.json"
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     autoregressive = config.get("objective") == "ar"
     model = load_pretrained(DiT, model_dir / "backbone").eval()
     layout = Layout.load(model_dir)
-    task = Task.parse("image->text")
-    samples = [s for s in tokens if {"image", "text"} <= set(s)]
+    task = Task.parse(f"{source}->text")
+    samples = [s for s in tokens if {source, "text"} <= set(s)]
     if not samples:
-        raise InputError("the word probe needs image+text samples; the data holds none")
+        raise InputError(f"the word probe needs {source}+text samples; the data holds none")
     right = {name: 0 for name in WORD_CLASSES}
     seen = {name: 0 for name in WORD_CLASSES}
     for start in range(0, len(samples), batch_size):
@@ -87,7 +91,8 @@ def word_probe(model_dir: str | Path, tokens: list[dict], text_codec, batch_size
                 seen[name] += 1
                 right[name] += int(guess[row, pos] == b.ids[row, pos])
     total = sum(seen.values())
-    return {"objective": "ar" if autoregressive else "diffusion", "captions": len(samples), "words": total,
+    return {"objective": "ar" if autoregressive else "diffusion", "source": source, "captions": len(samples),
+            "words": total,
             "accuracy": sum(right.values()) / max(total, 1),
             "by_class": {name: {"words": seen[name], "accuracy": right[name] / max(seen[name], 1)}
                          for name in WORD_CLASSES if seen[name]}}

@@ -143,9 +143,16 @@ def judge_variant(budget: RecipeBudget, run: Path, progress: bool, directions: l
 PROBE_CAPTIONS = 128  # validation captions the word probe reads (~600 attribute words)
 
 
-def probe_variant(budget: RecipeBudget, run: Path) -> dict:
-    """The word probe (``unimodal.training.probe``) of a variant's model on the budget's validation captions:
-    a teacher-forced figure on ~600 words, far less noisy than 64 judged captions."""
+def probe_source(directions: list[str]) -> str | None:
+    """What the word probe reads a variant's captions from: its pictures when it learned to read them, else the
+    spoken captions when it learned to hear them, else nothing (None: no probe)."""
+    return "image" if "image->text" in directions else "audio" if "audio->text" in directions else None
+
+
+def probe_variant(budget: RecipeBudget, run: Path, source: str = "image") -> dict:
+    """The word probe (``unimodal.training.probe``) of a variant's model on the budget's validation captions,
+    read from their pictures (``source`` "image") or heard (``"audio"``): a teacher-forced figure on ~600 words,
+    far less noisy than 64 judged captions."""
     from unimodal.training.data.sources import resolve_data
     from unimodal.training.probe import word_probe
     from unimodal.training.tokens import CodecStack, tokenized_split
@@ -154,7 +161,8 @@ def probe_variant(budget: RecipeBudget, run: Path) -> dict:
     stack = CodecStack.load(model)
     tokens = [t for source in resolve_data([d for d in budget.data.split(",") if d])
               for t in tokenized_split(stack, model, source, "val", progress=False)]
-    return word_probe(model, [t for t in tokens if "image" in t and "text" in t][:PROBE_CAPTIONS], stack.text)
+    return word_probe(model, [t for t in tokens if source in t and "text" in t][:PROBE_CAPTIONS], stack.text,
+                      source=source)
 
 
 def run_recipe(budget: RecipeBudget, variants: list[tuple[str, dict]], codec_dir, out: str | Path,
@@ -173,16 +181,16 @@ def run_recipe(budget: RecipeBudget, variants: list[tuple[str, dict]], codec_dir
         done = report["variants"].get(name)
         if done and done["overrides"] != overrides:
             raise InputError(f"variant {name!r} in {out} was run with {done['overrides']}, not {overrides}")
-        if done and "judged" in done and "probe" in done:
+        source = probe_source(trained_directions(budget, overrides))
+        if done and "judged" in done and "probe" in done and (done["probe"] or source is None):
             continue
-        if done and "judged" in done:  # judged before the probe existed: add it
-            done["probe"] = probe_variant(budget, Path(done["run"]))
+        if done and "judged" in done:  # judged before the probe (or its hearing form) existed: add it
+            done["probe"] = probe_variant(budget, Path(done["run"]), source)
         else:
             facts = train_variant(budget, name, overrides, codec_dir, out, progress)
-            directions = trained_directions(budget, overrides)
-            facts["judged"] = judge_variant(budget, Path(facts["run"]), progress, directions)
-            # the probe reads captions: a variant that never learned to read pictures has none (an empty probe)
-            facts["probe"] = probe_variant(budget, Path(facts["run"])) if "image->text" in directions else {}
+            facts["judged"] = judge_variant(budget, Path(facts["run"]), progress, trained_directions(budget, overrides))
+            # the probe reads captions: a variant that never learned to read or hear has none (an empty probe)
+            facts["probe"] = probe_variant(budget, Path(facts["run"]), source) if source else {}
             report["variants"][name] = {"overrides": overrides, **facts}
         _save(report, cache)
     return report
@@ -203,7 +211,8 @@ def format_report(report: dict) -> str:
     heard = any("audio->text" in v.get("judged", {}) for v in report["variants"].values())
     columns = DIRECTIONS + ("audio->text",) if heard else DIRECTIONS
     lines = [f"probe: attribute words of {PROBE_CAPTIONS} validation captions chosen first, teacher-forced "
-             f"(unimodal.training.probe); shape: its shape words",
+             f"(unimodal.training.probe; read from the pictures, or heard for a variant that learned only to hear); "
+             f"shape: its shape words",
              f"budget: preset {budget['preset']}, {budget['steps']} steps x batch {budget['batch_size']}, lr "
              f"{budget['lr']}, data {budget['data']}, tasks {budget['tasks']}; judged on {budget['eval_n']} test "
              f"cases per direction (per-output sampling defaults)",
