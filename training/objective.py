@@ -231,7 +231,8 @@ class LossSpec:
     def mask(self, ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor,
              generator: torch.Generator | None = None, segment_ids: torch.Tensor | None = None) -> MaskedBatch:
         """The step's masked rows: B of them, 2B with complementary masking (the complement of a suffix-masked
-        text is its prefix), ``PARTITION_ROWS`` x B with a partition. ``segment_ids`` (B, L): needed when ``suffix_share`` > 0."""
+        text is its prefix), ``PARTITION_ROWS`` x B with a partition. ``segment_ids`` (B, L): needed when
+        ``suffix_share`` > 0."""
         first = mask_targets(ids, maskable, t, generator)
         if self.suffix_share > 0:
             if segment_ids is None:

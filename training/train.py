@@ -966,8 +966,8 @@ def add_arguments(parser) -> None:
                         help="one mask per sample at ratio t, or complementary: each sample also with the "
                              "complement of its mask, so every target token is trained each step (2x the rows: "
                              "halve --batch-size for the same compute), or partition: the complement split at "
-                             "random into three more rows, so over half of the target tokens are trained with most of their "
-                             "target in view (4x the rows; the conditions computed once)")
+                             "random into three more rows, so over half of the target tokens are trained with "
+                             "most of their target in view (4x the rows; the conditions computed once)")
     parser.add_argument("--suffix-share", type=float, default=TrainConfig.suffix_share,
                         help="share of the samples whose text target is masked as a suffix (the words before a "
                              "random cut visible, every slot after it masked: the state of a left-to-right "

@@ -17,7 +17,6 @@ def _cmd_bench_train(args) -> int:
     import torch
 
     from unimodal.core.errors import InputError
-
     from unimodal.training.bench import (FIRST_RECIPE, StepForm, bench_train_side_by_side, format_result,
                                          result_dict, speedups)
 
