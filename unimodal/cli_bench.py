@@ -180,11 +180,12 @@ def add_bench_commands(sub) -> None:
                             "trainer draws one, instead of the synthetic batch (default)")
     train.add_argument("--codecs", default=None, help="with --data: the codecs that encode it (default: the shipped "
                                                       "ones)")
-    train.add_argument("--masking", choices=("independent", "complementary", "partition"), default="independent",
+    maskings = ("independent", "complementary", "partition")  # training.objective.MASKINGS, without importing torch
+    train.add_argument("--masking", choices=maskings, default="independent",
                        help="one mask per sample (default, as the figures in docs/results.md), complementary: "
                             "each sample twice a step, with a mask and its complement, as the trainer does, or "
                             "partition: the complement split into three more rows")
-    train.add_argument("--compare-masking", choices=("independent", "complementary", "partition"), default=None,
+    train.add_argument("--compare-masking", choices=maskings, default=None,
                        help="also run the step under this masking, side by side with --masking's: what the extra "
                             "rows cost per step (complementary trains each sample twice, partition four times)")
     train.add_argument("--json", default=None)

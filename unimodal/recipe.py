@@ -159,8 +159,8 @@ def probe_variant(budget: RecipeBudget, run: Path, source: str = "image") -> dic
 
     model = run / "model"
     stack = CodecStack.load(model)
-    tokens = [t for source in resolve_data([d for d in budget.data.split(",") if d])
-              for t in tokenized_split(stack, model, source, "val", progress=False)]
+    tokens = [t for data in resolve_data([d for d in budget.data.split(",") if d])
+              for t in tokenized_split(stack, model, data, "val", progress=False)]
     return word_probe(model, [t for t in tokens if source in t and "text" in t][:PROBE_CAPTIONS], stack.text,
                       source=source)
 
@@ -181,14 +181,15 @@ def run_recipe(budget: RecipeBudget, variants: list[tuple[str, dict]], codec_dir
         done = report["variants"].get(name)
         if done and done["overrides"] != overrides:
             raise InputError(f"variant {name!r} in {out} was run with {done['overrides']}, not {overrides}")
-        source = probe_source(trained_directions(budget, overrides))
+        directions = trained_directions(budget, overrides)
+        source = probe_source(directions)
         if done and "judged" in done and "probe" in done and (done["probe"] or source is None):
             continue
         if done and "judged" in done:  # judged before the probe (or its hearing form) existed: add it
             done["probe"] = probe_variant(budget, Path(done["run"]), source)
         else:
             facts = train_variant(budget, name, overrides, codec_dir, out, progress)
-            facts["judged"] = judge_variant(budget, Path(facts["run"]), progress, trained_directions(budget, overrides))
+            facts["judged"] = judge_variant(budget, Path(facts["run"]), progress, directions)
             # the probe reads captions: a variant that never learned to read or hear has none (an empty probe)
             facts["probe"] = probe_variant(budget, Path(facts["run"]), source) if source else {}
             report["variants"][name] = {"overrides": overrides, **facts}
@@ -209,7 +210,7 @@ def format_report(report: dict) -> str:
 
     budget = report["budget"]
     heard = any("audio->text" in v.get("judged", {}) for v in report["variants"].values())
-    columns = DIRECTIONS + ("audio->text",) if heard else DIRECTIONS
+    columns = JUDGED if heard else DIRECTIONS
     lines = [f"probe: attribute words of {PROBE_CAPTIONS} validation captions chosen first, teacher-forced "
              f"(unimodal.training.probe; read from the pictures, or heard for a variant that learned only to hear); "
              f"shape: its shape words",
