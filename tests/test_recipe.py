@@ -183,6 +183,73 @@ def test_suffix_masks_hide_the_rest_of_a_text_target_and_leave_codes_random():
     assert TrainConfig(suffix_share=0.5).loss_spec(layout).suffix_share == 0.5
 
 
+def _templated_captions(layout, n=64, seed=0):
+    """Captions in two phrasings, (1, 2, colour) and (3, 4, colour), the colour one of 8 ids: the phrasing's
+    words are given away by their neighbours, the colour is not."""
+    rng = np.random.default_rng(seed)
+    return [{"text": torch.tensor([1, 2, 10 + (i // 2) % 8] if i % 2 else [3, 4, 10 + (i // 2) % 8]),
+             "image": torch.from_numpy(rng.integers(0, 16, 64))} for i in range(n)]
+
+
+def test_caption_surprisal_is_high_for_content_words_and_zero_for_the_phrasing():
+    from unimodal.training.objective import CaptionSurprisal
+
+    layout = toy_layout()
+    samples = _templated_captions(layout)
+    surprisal = CaptionSurprisal.of(layout, samples)
+    packed = layout.pack([layout.padded_segment("text", samples[1]["text"])]).ids[None]  # BOT 1 2 c END PAD...
+    score = surprisal.score(packed)[0]
+    words = layout.to_shared("text", samples[1]["text"])
+    assert torch.equal(packed[0, 1:4], words)
+    assert score[1].item() == 0 and score[2].item() == 0  # "1" and "2" between their neighbours: certain
+    assert score[3].item() == pytest.approx(np.log(8), abs=1e-5)  # one colour of 8, each as often
+    assert (score[packed[0] < 16] == 0).all()  # the markers and the filler
+    assert surprisal.unseen == pytest.approx(float(surprisal.values.max()))
+    unseen = packed.clone()
+    unseen[0, 2] = layout.to_shared("text", torch.tensor([30]))  # a triple no caption held
+    assert surprisal.score(unseen)[0, 2].item() == pytest.approx(surprisal.unseen)
+    assert CaptionSurprisal.of(layout, [{"image": torch.zeros(64, dtype=torch.long)}]).score(packed).max() >= 0
+
+
+def test_content_first_masks_hide_the_content_words_first_and_keep_the_count():
+    from unimodal.tokenizers_mm.layout import SEGMENT_IDS
+    from unimodal.training.objective import CaptionSurprisal, content_first_masks
+
+    layout = toy_layout()
+    samples = _templated_captions(layout, seed=1)
+    surprisal = CaptionSurprisal.of(layout, samples)
+    batch = collate_examples([build_example(layout, s, Task.parse(task)) for s in samples[:8]
+                              for task in ("image->text", "text->image")])
+    b = batch.batch
+    t = torch.linspace(0.1, 0.9, b.ids.shape[0])
+    first = mask_targets(b.ids, batch.maskable, t, torch.Generator().manual_seed(0))
+    ordered = content_first_masks(first, b.segment_ids, surprisal, 50.0, torch.Generator().manual_seed(0))
+    text = batch.maskable & (b.segment_ids == SEGMENT_IDS["text"]) & (b.ids != PAD)
+    assert torch.equal((ordered.masked & text).sum(1), (first.masked & text).sum(1))  # the draw's count
+    assert torch.equal(ordered.masked & ~text, first.masked & ~text)  # codes and filler as drawn
+    assert torch.equal(ordered.noisy_ids == 1, ordered.masked)
+    colour = text & (b.ids >= int(layout.to_shared("text", torch.tensor([10])))) & (
+        b.ids <= int(layout.to_shared("text", torch.tensor([17]))))
+    hidden = (ordered.masked & text).sum(1)
+    assert hidden.gt(0).any() and (ordered.masked[hidden > 0] | ~colour[hidden > 0]).all()  # colour first
+    assert content_first_masks(first, b.segment_ids, surprisal, 0.0) is first
+    # through the spec: complementary masking still predicts every target token exactly once
+    spec = LossSpec(TargetVocab.of(layout), masking="complementary", content_first=50.0, surprisal=surprisal)
+    both = spec.mask(b.ids, batch.maskable, t, torch.Generator().manual_seed(0), segment_ids=b.segment_ids)
+    n = b.ids.shape[0]
+    assert torch.equal(both.masked[:n] ^ both.masked[n:], batch.maskable)
+    with pytest.raises(ValueError, match="segment id"):
+        spec.mask(b.ids, batch.maskable, t, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="CaptionSurprisal"):
+        LossSpec(content_first=1.0)
+    with pytest.raises(InputError, match="content_first"):
+        TrainConfig(content_first=-1)
+    with pytest.raises(ValueError, match="train_tokens"):
+        TrainConfig(content_first=2.0).loss_spec(layout)
+    assert TrainConfig(content_first=2.0).loss_spec(layout, train_tokens=samples).surprisal is not None
+    assert TrainConfig().loss_spec(layout, train_tokens=samples).surprisal is None
+
+
 def test_bf16_follows_the_hardware():
     assert cpu_has_bf16_units("flags : fpu sse avx2 avx512f avx512_bf16 avx512vl")
     assert cpu_has_bf16_units("flags : fpu sse avx2 amx_bf16 amx_tile")
@@ -371,6 +438,14 @@ def test_fit_steps_fits_a_run_to_its_budget(tiny_codec_dir, tiny_scenes, tmp_pat
     assert 3 < record["steps"] < 100_000 and record["steps_done"] == len(history) <= record["steps"]
 
 
+def test_bench_recipe_refuses_a_thread_count_below_one(tmp_path, capsys):
+    from unimodal.cli import main
+
+    assert main(["bench", "recipe", "--out", str(tmp_path / "r"), "--variant", "a", "--threads", "0"]) == 2
+    assert "--threads must be a positive number" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # refused before any work
+
+
 def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):
     from unimodal.recipe import RecipeBudget, format_report, parse_variant, run_recipe
 
@@ -384,6 +459,9 @@ def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):
     assert parse_variant(["paced", "audio_position_rate=0.25"]) == ("paced", {"audio_position_rate": 0.25})
     with pytest.raises(InputError, match="variant 'paced': audio_position_rate must be 'auto'"):
         parse_variant(["paced", "audio_position_rate=fast"])
+    assert parse_variant(["cf", "content_first=3"]) == ("cf", {"content_first": 3.0})
+    with pytest.raises(InputError, match="content_first"):
+        parse_variant(["cf", "content_first=-1"])
     with pytest.raises(InputError, match="codecs='nowhere' is not a folder"):
         parse_variant(["c128", "codecs=nowhere"])
     judged = {"text->image": {"accuracy": 0.25, "verdicts": [1, 0, 0, 0]},

@@ -15,12 +15,13 @@ against, uses :func:`next_token_loss` instead: the same targets, each predicted 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
-from unimodal.tokenizers_mm.layout import MASK, MODALITIES, PAD, SEGMENT_IDS, Layout
+from unimodal.tokenizers_mm.layout import MARKERS, MASK, MODALITIES, NUM_SPECIAL, PAD, SEGMENT_IDS, Layout
 from unimodal.training.schedule import MaskSchedule
 
 # Per-token weight of a masked token's cross-entropy at mask ratio t.
@@ -148,6 +149,83 @@ def suffix_text_masks(batch: MaskedBatch, segment_ids: torch.Tensor, share: floa
     return MaskedBatch(noisy, batch.targets, masked, batch.maskable, batch.t)
 
 
+@dataclass(frozen=True)
+class CaptionSurprisal:
+    """How much a caption's word tells that its two neighbours do not: ``-log p(word | the word before, the word
+    after)`` in nats, counted over a run's training captions (each as packed, between its BEGIN and END markers).
+    The words that set a phrasing ("there is a", "on the", "the picture shows") are ~0 once their neighbours are
+    known; the content words (a colour between "small" and "circle", one of the shapes) are not. A triple the
+    training captions never held scores ``unseen`` (the highest seen); special ids (END) score 0. What
+    :func:`content_first_masks` masks first. ``keys`` (sorted) and ``values``: each seen (before, word, after)
+    triple as ``(before * V + after) * V + word`` and its surprisal."""
+
+    keys: torch.Tensor  # (K,) int64, sorted
+    values: torch.Tensor  # (K,) float32
+    vocab_size: int
+    unseen: float
+
+    @classmethod
+    def of(cls, layout: Layout, samples) -> "CaptionSurprisal":
+        """From ``samples``: dicts of local ids per modality (a run's training set); those without text add nothing."""
+        begin, end = MARKERS["text"]
+        v = layout.vocab_size
+        triples = []
+        for sample in samples:
+            text = sample.get("text")
+            if text is None or not text.numel():
+                continue
+            ids = torch.cat([torch.tensor([begin]), layout.to_shared("text", text.reshape(-1).long()), torch.tensor([end])])
+            triples.append((ids[:-2] * v + ids[2:]) * v + ids[1:-1])
+        if not triples:
+            return cls(torch.zeros(0, dtype=torch.long), torch.zeros(0), v, 0.0)
+        keys, counts = torch.unique(torch.cat(triples), return_counts=True)  # sorted
+        context, first = torch.unique(keys // v, return_inverse=True)  # (before, after) pairs
+        per_context = torch.zeros(context.numel(), dtype=torch.float64).index_add_(0, first, counts.double())
+        values = (-torch.log(counts.double() / per_context[first])).clamp_min(0.0).float()
+        return cls(keys, values, v, float(values.max()))
+
+    def score(self, ids: torch.Tensor) -> torch.Tensor:
+        """(B, L) the surprisal of each slot's id between the ids beside it in ``ids`` (B, L); meaningful at a
+        caption's words (other slots get a number the caller ignores), 0 at special ids."""
+        out = torch.full(ids.shape, self.unseen, dtype=torch.float32, device=ids.device)
+        if self.keys.numel():
+            v = self.vocab_size
+            before = F.pad(ids[:, :-1], (1, 0), value=PAD).long()
+            after = F.pad(ids[:, 1:], (0, 1), value=PAD).long()
+            keys = (before * v + after) * v + ids.long()
+            seen, values = self.keys.to(ids.device), self.values.to(ids.device)
+            where = torch.searchsorted(seen, keys).clamp_max(seen.numel() - 1)
+            out = torch.where(seen[where] == keys, values[where], out)
+        return out.masked_fill(ids < NUM_SPECIAL, 0.0)
+
+    def to(self, device) -> "CaptionSurprisal":
+        return replace(self, keys=self.keys.to(device), values=self.values.to(device))
+
+
+def content_first_masks(batch: MaskedBatch, segment_ids: torch.Tensor, surprisal: CaptionSurprisal,
+                        strength: float, generator: torch.Generator | None = None) -> MaskedBatch:
+    """The same number of each sample's real caption words masked, but chosen informative first: each word
+    scored ``strength`` x its :class:`CaptionSurprisal` (nats) plus Gumbel noise and the highest-scored masked,
+    so at a middle ratio the words its neighbours do not give away (a colour, a shape) are hidden and the ones
+    that set the phrasing ("there is a", "on the") are in view. A masked content word is then predicted in a known phrasing, what the
+    AR twin has after its first words; its complement (:func:`complementary_of`) hides the phrasing with the
+    content in view. ``strength`` 0 is the uniform choice; large, a fixed order. The PAD filler after END and
+    image and audio targets keep their random masks. DiffusionBERT (2022) orders its forward process by token
+    information the same way ("spindle" schedule); here the count masked stays the sample's draw at ratio t."""
+    if strength <= 0:
+        return batch
+    text = batch.maskable & (segment_ids == SEGMENT_IDS["text"]) & (batch.targets != PAD)  # (B, L)
+    count = (batch.masked & text).sum(dim=1)  # (B,) how many words the draw masked
+    uniform = torch.rand(batch.targets.shape, generator=generator).clamp(1e-9, 1 - 1e-9)
+    score = strength * surprisal.score(batch.targets) - torch.log(-torch.log(uniform))
+    score = torch.where(text, score, torch.full_like(score, float("-inf")))
+    rank = torch.argsort(torch.argsort(score, dim=1, descending=True), dim=1)  # each slot's place by score
+    chosen = text & (rank < count[:, None])
+    masked = (batch.masked & ~text) | chosen
+    noisy = torch.where(masked, torch.full_like(batch.targets, MASK), batch.targets)
+    return MaskedBatch(noisy, batch.targets, masked, batch.maskable, batch.t)
+
+
 def normaliser(batch: MaskedBatch, normalise: str) -> torch.Tensor:
     """(B,) what each sample's weighted cross-entropy sum is divided by (see :data:`NORMALISERS`)."""
     if normalise == "real":
@@ -213,8 +291,16 @@ class LossSpec:
     # values with less work on padded batches (False: every padding slot too, the form before it)
     unpad: bool = True
     suffix_share: float = 0.0  # of the samples, those whose text target is masked as a suffix (suffix_text_masks)
+    # Caption words masked informative first (content_first_masks): its strength per nat (0: off) and the
+    # training captions' CaptionSurprisal it reads
+    content_first: float = 0.0
+    surprisal: CaptionSurprisal | None = None
 
     def __post_init__(self):
+        if not (math.isfinite(self.content_first) and self.content_first >= 0):
+            raise ValueError(f"content_first must be a finite number >= 0, got {self.content_first!r}")
+        if self.content_first > 0 and self.surprisal is None:
+            raise ValueError("content-first masking needs the training captions' CaptionSurprisal")
         if not 0 <= self.suffix_share <= 1:
             raise ValueError(f"suffix_share must lie in [0, 1], got {self.suffix_share!r}")
         if self.masking not in MASKINGS:
@@ -226,14 +312,19 @@ class LossSpec:
 
     def to(self, device) -> "LossSpec":
         return replace(self, vocab=self.vocab and self.vocab.to(device),
-                       critic=self.critic and self.critic.to(device))
+                       critic=self.critic and self.critic.to(device),
+                       surprisal=self.surprisal and self.surprisal.to(device))
 
     def mask(self, ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor,
              generator: torch.Generator | None = None, segment_ids: torch.Tensor | None = None) -> MaskedBatch:
         """The step's masked rows: B of them, 2B with complementary masking (the complement of a suffix-masked
         text is its prefix), ``PARTITION_ROWS`` x B with a partition. ``segment_ids`` (B, L): needed when
-        ``suffix_share`` > 0."""
+        ``suffix_share`` or ``content_first`` > 0."""
         first = mask_targets(ids, maskable, t, generator)
+        if self.content_first > 0:
+            if segment_ids is None:
+                raise ValueError("content-first masking needs each slot's segment id to find the text targets")
+            first = content_first_masks(first, segment_ids, self.surprisal, self.content_first, generator)
         if self.suffix_share > 0:
             if segment_ids is None:
                 raise ValueError("suffix masking needs each slot's segment id to find the text targets")

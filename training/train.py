@@ -27,8 +27,9 @@ from tqdm.auto import tqdm
 from unimodal.backbone.dit import DiT
 from unimodal.training.checkpoint import resumed_config, save_atomic
 from unimodal.training.critic import AttributeSwaps, CriticSpec, critic_objective
-from unimodal.training.objective import (MASKINGS, NORMALISERS, WEIGHTINGS, LossSpec, TargetVocab, mask_targets, masked_diffusion_loss,
-                                masked_token_accuracy, next_token_accuracy, next_token_loss, sparse_diffusion_loss)
+from unimodal.training.objective import (MASKINGS, NORMALISERS, WEIGHTINGS, CaptionSurprisal, LossSpec, TargetVocab,
+                                         mask_targets, masked_diffusion_loss, masked_token_accuracy,
+                                         next_token_accuracy, next_token_loss, sparse_diffusion_loss)
 from unimodal.training.optim import warmup_cosine
 from unimodal.training.schedule import MaskSchedule
 from unimodal.training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, TaskMixture, build_example, collate_examples
@@ -69,6 +70,9 @@ class TrainConfig:
     # Of the samples, those whose text target is masked as a suffix, the words before a cut point visible
     # (unimodal.training.objective.suffix_text_masks): the state a left-to-right decoder is in. 0: none
     suffix_share: float = 0.0
+    # Caption words masked informative first (unimodal.training.objective.content_first_masks): the strength of the
+    # order, each word scored by its surprisal in the training captions (0: the uniform choice, the default)
+    content_first: float = 0.0
     sparse_head: bool = True  # logits only at masked slots, over their modality's ids (False: the first recipe)
     unpad: bool = True  # the per-token layers skip padding slots (same values, less work; False: the first recipe)
     task_weights: dict = field(default_factory=lambda: dict(DEFAULT_TASK_WEIGHTS))
@@ -119,6 +123,9 @@ class TrainConfig:
             raise InputError(f"masking must be one of {MASKINGS}, got {self.masking!r}")
         if not (isinstance(self.suffix_share, (int, float)) and 0 <= self.suffix_share <= 1):
             raise InputError(f"suffix_share must be a share in [0, 1], got {self.suffix_share!r}")
+        if not (isinstance(self.content_first, (int, float)) and math.isfinite(self.content_first)
+                and self.content_first >= 0):
+            raise InputError(f"content_first must be a finite number >= 0 (0: off), got {self.content_first!r}")
         if self.loss_weighting not in WEIGHTINGS or self.loss_norm not in NORMALISERS:
             raise InputError(f"loss weighting must be one of {WEIGHTINGS} and normalisation one of {NORMALISERS}, "
                              f"got {self.loss_weighting!r} and {self.loss_norm!r}")
@@ -154,14 +161,24 @@ class TrainConfig:
     # What a resumed run takes from the command instead of its checkpoint: none of it changes what is trained.
     RESUME_OVERRIDES = ("steps", "snapshots")
 
-    def loss_spec(self, layout, attributes: AttributeSwaps | None = None, labels=None) -> LossSpec:
+    def loss_spec(self, layout, attributes: AttributeSwaps | None = None, labels=None,
+                  train_tokens: list[dict] | None = None) -> LossSpec:
         """The step's loss; ``attributes``: the caption swaps of the critic's negatives (None: code swaps only);
-        ``labels``: the critic's decoded-content labels (None: token inequality)."""
+        ``labels``: the critic's decoded-content labels (None: token inequality); ``train_tokens``: the training
+        samples whose captions content-first masking scores words by (needed when ``content_first`` > 0)."""
         weight = 1.0 if self.critic_only else self.critic_weight  # alone, its weight is only a scale of the lr
         critic = CriticSpec.of(layout, weight, self.critic_share, self.critic_swap_rate, attributes, labels) \
             if self.trains_critic else None
         return LossSpec(TargetVocab.of(layout) if self.sparse_head else None, self.loss_weighting, self.loss_norm,
-                        self.masking, critic, self.critic_only, self.unpad, self.suffix_share)
+                        self.masking, critic, self.critic_only, self.unpad, self.suffix_share,
+                        self.content_first, self._surprisal(layout, train_tokens))
+
+    def _surprisal(self, layout, train_tokens: list[dict] | None) -> CaptionSurprisal | None:
+        if self.content_first <= 0:
+            return None
+        if train_tokens is None:
+            raise ValueError("content-first masking scores words by the training captions: give train_tokens")
+        return CaptionSurprisal.of(layout, train_tokens)
 
     @property
     def autoregressive(self) -> bool:
@@ -690,7 +707,7 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
     model, runner, optimizer, ema, history, start = _prepared_model(cfg, run, state, options, accelerator, progress)
     mixture, schedule = TaskMixture(cfg.task_weights, cfg.cond_drop), MaskSchedule()
     spec = cfg.loss_spec(run.layout, caption_swaps(cfg, run, progress and main),
-                         decoded_labels(cfg, run, progress and main)).to(accelerator.device)
+                         decoded_labels(cfg, run, progress and main), train_tokens).to(accelerator.device)
     val_spec = validation_spec(run.layout).to(accelerator.device)
     workers = options.workers if options.workers is not None else (
         min(8, max(0, (os.cpu_count() or 1) - 2)) if accelerator.device.type == "cuda" else 0)
@@ -972,6 +989,11 @@ def add_arguments(parser) -> None:
                         help="share of the samples whose text target is masked as a suffix (the words before a "
                              "random cut visible, every slot after it masked: the state of a left-to-right "
                              "decoder); the others keep random masks. 0 (default): random masks only")
+    parser.add_argument("--content-first", type=float, default=TrainConfig.content_first,
+                        help="mask a caption's informative words first (rare words such as a colour or a shape "
+                             "before the frequent ones that set its phrasing), with this strength: each word "
+                             "scored by its surprisal in the training captions times it, plus noise; the count "
+                             "masked stays the draw at ratio t. 0 (default): uniform")
     parser.add_argument("--critic-weight", type=float, default=TrainConfig.critic_weight,
                         help=f"train the critic head (critic='learned' in refine) with this weight beside the "
                              f"denoising loss; 0 (default): off, the head takes no part; {CRITIC_WEIGHT} to train it")
@@ -1088,7 +1110,7 @@ def run_from_args(args) -> int:
                      grad_accum=args.grad_accum, lr=args.lr, warmup=args.warmup, val_every=args.val_every,
                      checkpoint_every=args.checkpoint_every, bf16=args.bf16, seed=args.seed,
                      loss_weighting=args.loss_weighting, loss_norm=args.loss_norm, masking=args.masking,
-                     suffix_share=args.suffix_share,
+                     suffix_share=args.suffix_share, content_first=args.content_first,
                      objective=args.objective, train_subset=args.train_subset, snapshots=args.snapshots,
                      ema_decay=args.ema_decay, init_from=args.init_from, max_audio_seconds=args.max_audio_seconds,
                      critic_weight=args.critic_weight, critic_share=args.critic_share, critic_only=args.critic_only,

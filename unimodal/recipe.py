@@ -268,17 +268,26 @@ def add_recipe_command(bench) -> None:
     recipe.add_argument("--lr", type=float, default=RecipeBudget.lr)
     recipe.add_argument("--codecs", default=None, help="codec folder (default: the package's shipped codecs)")
     recipe.add_argument("--out", required=True, help="folder for the runs and recipe.json (resumable)")
+    recipe.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's choice, every core; give 1 to each of two runs "
+                             "sharing two cores: with both on every core each step ran ~7x slower)")
     recipe.set_defaults(func=_cmd_recipe)
 
 
 def _cmd_recipe(args) -> int:
     from unimodal.core.paths import default_codecs_dir
 
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads must be a positive number of threads, got {args.threads}")
     budget = RecipeBudget(data=args.data, preset=args.preset, steps=args.steps, batch_size=args.batch_size,
                           lr=args.lr, eval_n=args.eval_n, seed=args.seed)
     variants = [parse_variant(words) for words in args.variant]
     if len({name for name, _ in variants}) != len(variants):
         raise InputError("each --variant needs its own name")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     report = run_recipe(budget, variants, args.codecs or default_codecs_dir(), args.out)
     print(format_report(report))
     print(Path(args.out) / "recipe.json")
