@@ -1,3 +1,4 @@
+import argparse
 import json
 import os
 import subprocess
@@ -278,6 +279,20 @@ def test_bench_train_times_the_first_recipes_step_and_the_unpadded_one_side_by_s
     assert main(["bench", "train", "--preset", "tiny", "--steps", "1", "--masking", "partition",
                  "--compare-masking", "partition"]) == 2
     assert "--compare-masking partition is the step's own --masking" in capsys.readouterr().err
+
+
+def test_bench_train_offers_every_masking_the_trainer_has():
+    """The command's choices are written out (its parser must not import torch); they follow the objective's."""
+    from unimodal.cli import build_parser
+    from unimodal.training.objective import MASKINGS
+
+    def sub(parser, name):
+        return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+    train = sub(sub(build_parser(["bench", "train"]), "bench"), "train")
+    for flag in ("--masking", "--compare-masking"):
+        action = next(a for a in train._actions if flag in a.option_strings)
+        assert tuple(action.choices) == MASKINGS, flag
 
 
 def test_bench_train_times_a_real_batch_drawn_as_the_trainer_draws_one(tiny_codec_dir, tiny_scenes, capsys):

@@ -180,7 +180,8 @@ def add_bench_commands(sub) -> None:
                             "trainer draws one, instead of the synthetic batch (default)")
     train.add_argument("--codecs", default=None, help="with --data: the codecs that encode it (default: the shipped "
                                                       "ones)")
-    maskings = ("independent", "complementary", "partition")  # training.objective.MASKINGS, without importing torch
+    # training.objective.MASKINGS, written out so the parser does not import torch (a test holds them equal)
+    maskings = ("independent", "complementary", "partition")
     train.add_argument("--masking", choices=maskings, default="independent",
                        help="one mask per sample (default, as the figures in docs/results.md), complementary: "
                             "each sample twice a step, with a mask and its complement, as the trainer does, or "
