@@ -174,7 +174,8 @@ class CaptionSurprisal:
             text = sample.get("text")
             if text is None or not text.numel():
                 continue
-            ids = torch.cat([torch.tensor([begin]), layout.to_shared("text", text.reshape(-1).long()), torch.tensor([end])])
+            words = layout.to_shared("text", text.reshape(-1).long())
+            ids = torch.cat([torch.tensor([begin]), words, torch.tensor([end])])
             triples.append((ids[:-2] * v + ids[2:]) * v + ids[1:-1])
         if not triples:
             return cls(torch.zeros(0, dtype=torch.long), torch.zeros(0), v, 0.0)
@@ -207,11 +208,12 @@ def content_first_masks(batch: MaskedBatch, segment_ids: torch.Tensor, surprisal
     """The same number of each sample's real caption words masked, but chosen informative first: each word
     scored ``strength`` x its :class:`CaptionSurprisal` (nats) plus Gumbel noise and the highest-scored masked,
     so at a middle ratio the words its neighbours do not give away (a colour, a shape) are hidden and the ones
-    that set the phrasing ("there is a", "on the") are in view. A masked content word is then predicted in a known phrasing, what the
-    AR twin has after its first words; its complement (:func:`complementary_of`) hides the phrasing with the
-    content in view. ``strength`` 0 is the uniform choice; large, a fixed order. The PAD filler after END and
-    image and audio targets keep their random masks. DiffusionBERT (2022) orders its forward process by token
-    information the same way ("spindle" schedule); here the count masked stays the sample's draw at ratio t."""
+    that set the phrasing ("there is a", "on the") are in view. A masked content word is then predicted in a
+    known phrasing, what the AR twin has after its first words; its complement (:func:`complementary_of`)
+    hides the phrasing with the content in view. ``strength`` 0 is the uniform choice; large, a fixed order.
+    The PAD filler after END and image and audio targets keep their random masks. DiffusionBERT (2022) orders
+    its forward process by token information the same way ("spindle" schedule); here the count masked stays the
+    sample's draw at ratio t."""
     if strength <= 0:
         return batch
     text = batch.maskable & (segment_ids == SEGMENT_IDS["text"]) & (batch.targets != PAD)  # (B, L)
