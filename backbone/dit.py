@@ -54,6 +54,10 @@ PRESETS = {
 
 T_SCALE = 1000.0  # t in [0, 1] is embedded like a DiT timestep in [0, 1000]
 FREQUENCY_EMBEDDING_SIZE = 256
+# The layout's MASK id and text segment id (unimodal.tokenizers_mm.layout MASK, SEG_TEXT; the backbone imports
+# nothing of the project, and a test holds them equal), read by neighbour_inputs
+MASK_ID, TEXT_SEGMENT = 1, 1
+NEIGHBOUR_GAPS = 16  # distances a neighbour_inputs slot tells apart: 0..15 slots (farther counts as 15)
 
 
 # ---- outputs and the condition cache ----------------------------------------------------------------------
@@ -379,13 +383,21 @@ class DiT(ModelMixin, ConfigMixin):
     def __init__(self, vocab_size: int, hidden_size: int = 384, num_layers: int = 8, num_heads: int = 6,
                  mlp_ratio: float = 4.0, num_segments: int = 4, rope_theta: float = 10000.0,
                  critic_hidden: int = 128, dropout: float = 0.0, norm_eps: float = 1e-6,
-                 use_output_bias: bool = True, causal: bool = False):
+                 use_output_bias: bool = True, causal: bool = False, neighbour_inputs: bool = False):
         super().__init__()
         _check_config(vocab_size, hidden_size, num_layers, num_heads, num_segments, critic_hidden)
-        if not isinstance(causal, bool):
-            raise InputError(f"DiT causal must be a bool, got {causal!r}")
+        for name, value in (("causal", causal), ("neighbour_inputs", neighbour_inputs)):
+            if not isinstance(value, bool):
+                raise InputError(f"DiT {name} must be a bool, got {value!r}")
         self.token_embedding = nn.Embedding(vocab_size, hidden_size)
         self.segment_embedding = nn.Embedding(num_segments, hidden_size)
+        # neighbour_inputs: a masked caption slot's input also holds the token of the nearest visible slot of its
+        # caption on each side and how far away it is (neighbour_embedding), the role the AR twin's input gives a
+        # position (the word before it). docs/results.md "A masked slot told its neighbours at its input"
+        self.neighbours = nn.ModuleDict({
+            "left_token": nn.Embedding(vocab_size, hidden_size), "right_token": nn.Embedding(vocab_size, hidden_size),
+            "left_gap": nn.Embedding(NEIGHBOUR_GAPS, hidden_size),
+            "right_gap": nn.Embedding(NEIGHBOUR_GAPS, hidden_size)}) if neighbour_inputs else None
         self.t_embedder = TimestepEmbedder(hidden_size)
         self.blocks = nn.ModuleList(DiTBlock(hidden_size, num_heads, mlp_ratio, dropout, norm_eps)
                                     for _ in range(num_layers))
@@ -411,7 +423,7 @@ class DiT(ModelMixin, ConfigMixin):
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
-        for embedding in (self.token_embedding, self.segment_embedding):
+        for embedding in (self.token_embedding, self.segment_embedding, *(self.neighbours or {}).values()):
             nn.init.normal_(embedding.weight, std=0.02)
         for layer in (self.t_embedder.mlp[0], self.t_embedder.mlp[2]):
             nn.init.normal_(layer.weight, std=0.02)
@@ -426,8 +438,34 @@ class DiT(ModelMixin, ConfigMixin):
     def head_dim(self) -> int:
         return self.config.hidden_size // self.config.num_heads
 
-    def embed(self, ids: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
-        return self.token_embedding(ids) + self.segment_embedding(segment_ids)  # (B, L, D)
+    def embed(self, ids: torch.Tensor, segment_ids: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
+        """(B, L, D) input embeddings; ``packing``: only its real tokens, (N, D)."""
+        x = self.token_embedding(ids) + self.segment_embedding(segment_ids)  # (B, L, D)
+        if self.neighbours is not None:
+            x = x + self.neighbour_embedding(ids, segment_ids).to(x.dtype)
+        return x if packing is None else packing.pack(x)
+
+    def neighbour_embedding(self, ids: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
+        """(B, L, D): at each masked caption slot, the embeddings of the nearest visible token of its caption on
+        each side and of its distance to it (clamped at ``NEIGHBOUR_GAPS - 1``); zero elsewhere and on a side
+        where the caption shows nothing. Only the ids in the rows given are read, so the sampler's target-only
+        forward (the caption whole in it) gives what the full forward gives."""
+        length = ids.shape[1]
+        at = torch.arange(length, device=ids.device).expand_as(ids)  # (B, L)
+        masked = (ids == MASK_ID) & (segment_ids == TEXT_SEGMENT)
+        shown = ids != MASK_ID
+        left = torch.where(shown, at, -1).cummax(dim=1).values  # nearest shown slot at or before each, -1: none
+        from_end = torch.where(shown.flip(1), at, -1).cummax(dim=1).values.flip(1)  # the same from the right
+        right = torch.where(from_end >= 0, length - 1 - from_end, -1)
+        out = torch.zeros(*ids.shape, self.config.hidden_size, device=ids.device,
+                          dtype=self.neighbours["left_token"].weight.dtype)
+        for side, index, gap in (("left", left, at - left), ("right", right, right - at)):
+            found = index.clamp_min(0)
+            use = masked & (index >= 0) & (segment_ids.gather(1, found) == segment_ids)  # in the same caption
+            features = self.neighbours[f"{side}_token"](ids.gather(1, found)) + \
+                self.neighbours[f"{side}_gap"](gap.clamp(0, NEIGHBOUR_GAPS - 1))
+            out = out + features * use[..., None]
+        return out
 
     def condition_pair(self, t: torch.Tensor) -> torch.Tensor:
         """(B,) -> (B, 2, D): the embedding of t = 0 (for condition tokens) and of each sample's t (targets)."""
@@ -497,7 +535,7 @@ class DiT(ModelMixin, ConfigMixin):
             x = self.embed(ids, segment_ids)  # (B, L, D)
             rope = self.rotary(positions)  # (B, 1, L, hd) x2
         else:
-            x = self.embed(packing.pack(ids), packing.pack(segment_ids))  # (N, D)
+            x = self.embed(ids, segment_ids, packing)  # (N, D)
             rope = self.rotary(packing.pack(positions))  # (N, 1, hd) x2
         for block in self.blocks:
             x, _ = block(x, c_pair, is_target, rope, visible, packing=packing)  # (B, L, D), packed: (N, D)

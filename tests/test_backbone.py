@@ -418,3 +418,61 @@ def test_tiny_model_overfits_one_batch():
         loss.backward()
         optimizer.step()
     assert loss.item() < 0.05
+
+
+def test_neighbour_inputs_give_a_masked_caption_slot_its_nearest_shown_neighbours():
+    from unimodal.backbone.dit import MASK_ID, NEIGHBOUR_GAPS, TEXT_SEGMENT
+
+    assert (MASK_ID, TEXT_SEGMENT) == (MASK, SEG_TEXT)  # the backbone's copies of the layout's ids
+    torch.manual_seed(0)
+    model = randomized(DiT.from_preset("tiny", vocab_size=VOCAB, neighbour_inputs=True))
+    plain = randomized(DiT.from_preset("tiny", vocab_size=VOCAB))
+    assert plain.neighbours is None and not plain.config.neighbour_inputs
+    assert sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in plain.parameters()) == \
+        2 * (VOCAB + NEIGHBOUR_GAPS) * model.config.hidden_size
+    #            image   | caption: 20  M  M  21  M  | image (masked)
+    ids = torch.tensor([[30, 31, 20, MASK, MASK, 21, MASK, MASK]])
+    segments = torch.tensor([[SEG_IMAGE, SEG_IMAGE, SEG_TEXT, SEG_TEXT, SEG_TEXT, SEG_TEXT, SEG_TEXT, SEG_IMAGE]])
+    features = model.neighbour_embedding(ids, segments)
+    n = model.neighbours
+    token, gap = lambda side, i: n[f"{side}_token"].weight[i], lambda side, d: n[f"{side}_gap"].weight[d]
+    expected = {3: token("left", 20) + gap("left", 1) + token("right", 21) + gap("right", 2),
+                4: token("left", 20) + gap("left", 2) + token("right", 21) + gap("right", 1),
+                6: token("left", 21) + gap("left", 1)}  # nothing shown after it in its caption
+    for slot in range(ids.shape[1]):
+        want = expected.get(slot, torch.zeros(model.config.hidden_size))  # shown, or not a caption's: nothing
+        torch.testing.assert_close(features[0, slot], want)
+    far = torch.tensor([[20] + [MASK] * 20])
+    gaps = model.neighbour_embedding(far, torch.full_like(far, SEG_TEXT))[0] - token("left", 20)
+    torch.testing.assert_close(gaps[20], gap("left", NEIGHBOUR_GAPS - 1))  # farther than 15 counts as 15
+    with pytest.raises(InputError, match="neighbour_inputs must be a bool"):
+        DiT.from_preset("tiny", vocab_size=VOCAB, neighbour_inputs="yes")
+
+
+def test_neighbour_inputs_agree_on_every_forward_path(tmp_path):
+    """Padded, unpadded with shared conditions, and the sampler's cached target-only forward give the same values:
+    the neighbours are read within a caption, which every path holds whole."""
+    torch.manual_seed(0)
+    model = randomized(DiT.from_preset("tiny", vocab_size=VOCAB, neighbour_inputs=True))
+    generator = torch.Generator().manual_seed(3)
+    cond_ids = torch.randint(16, VOCAB, (2, 4), generator=generator)
+    caption = torch.randint(16, VOCAB, (2, 7), generator=generator)
+    caption[0, [1, 2, 5]] = MASK
+    caption[1, 1:] = MASK
+    ids = torch.cat([cond_ids, caption], 1)
+    segment_ids = torch.cat([torch.full((2, 4), SEG_IMAGE), torch.full((2, 7), SEG_TEXT)], 1)
+    positions = text_positions(2, 11)
+    is_target = torch.cat([torch.zeros(2, 4, dtype=torch.bool), torch.ones(2, 7, dtype=torch.bool)], 1)
+    t = torch.tensor([0.4, 0.9])
+    with torch.no_grad():
+        full = model(ids, t, segment_ids, positions, is_target)
+        twice = model(ids.repeat(2, 1), t.repeat(2), segment_ids.repeat(2, 1), positions.repeat(2, 1, 1),
+                      is_target.repeat(2, 1), unpad=True, copies=2)
+        cache = model.encode_condition(cond_ids, segment_ids[:, :4], positions[:, :4])
+        cached = model.forward_targets(caption, t, segment_ids[:, 4:], positions[:, 4:], cache)
+    torch.testing.assert_close(twice.logits[:2], full.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cached.logits, full.logits[:, 4:], atol=1e-5, rtol=1e-5)
+    model.save_pretrained(tmp_path)
+    loaded = DiT.from_pretrained(tmp_path)
+    assert loaded.config.neighbour_inputs and torch.equal(loaded.neighbours["right_gap"].weight,
+                                                          model.neighbours["right_gap"].weight)

@@ -170,6 +170,27 @@ def test_init_from_starts_from_a_models_weights_and_refuses_a_misfit(tiny_codec_
               _tiny_cfg(steps=1, init_from=str(tmp_path / "nothing")), progress=False)
 
 
+def test_neighbour_inputs_are_trained_saved_inherited_and_refused_on_a_model_without(tiny_codec_dir, tiny_scenes,
+                                                                                    tmp_path):
+    from unimodal.cli import build_parser
+
+    first = train(tmp_path / "nb", [str(tiny_scenes)], tiny_codec_dir,
+                  _tiny_cfg(steps=2, content_first=2.0, model_overrides={"neighbour_inputs": True}), progress=False)
+    model = DiT.from_pretrained(first / "backbone")
+    assert model.config.neighbour_inputs and model.neighbours is not None
+    fresh = DiT.from_preset("tiny", vocab_size=model.config.vocab_size, neighbour_inputs=True)
+    assert not torch.equal(model.neighbours["left_token"].weight, fresh.neighbours["left_token"].weight)  # trained
+    tuned = train(tmp_path / "tuned", [str(tiny_scenes)], tiny_codec_dir, _tiny_cfg(steps=1, init_from=str(first)),
+                  progress=False)  # a fine-tune keeps them without being told
+    assert DiT.from_pretrained(tuned / "backbone").config.neighbour_inputs
+    plain = train(tmp_path / "plain", [str(tiny_scenes)], tiny_codec_dir, _tiny_cfg(steps=1), progress=False)
+    with pytest.raises(InputError, match="neighbour_inputs False here True"):
+        train(tmp_path / "misfit", [str(tiny_scenes)], tiny_codec_dir,
+              _tiny_cfg(steps=1, init_from=str(plain), model_overrides={"neighbour_inputs": True}), progress=False)
+    args = build_parser(["train"]).parse_args(["train", "--out", "x", "--neighbour-inputs", "--content-first", "3"])
+    assert args.neighbour_inputs and args.content_first == 3.0
+
+
 def test_audio_position_rate_is_measured_saved_inherited_and_switched_off(tiny_codec_dir, tiny_scenes, tmp_path,
                                                                             capsys):
     from unimodal.tokenizers_mm.layout import Layout

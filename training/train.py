@@ -837,7 +837,7 @@ def _prepared_model(cfg: TrainConfig, run: RunData, state: dict | None, options:
     """The model (fresh, fine-tuned from ``init_from`` or resumed), the runner accelerate prepared (compiled on
     CUDA unless told), the optimizer, the EMA, the history and the step to start from."""
     torch.manual_seed(cfg.seed)
-    model = DiT.from_preset(cfg.preset, run.layout.vocab_size, **{**cfg.model_overrides,
+    model = DiT.from_preset(cfg.preset, run.layout.vocab_size, **{**_inherited_overrides(cfg), **cfg.model_overrides,
                                                                   "causal": cfg.autoregressive})
     if cfg.init_from and state is None:
         load_initial_weights(model, cfg.init_from, run.layout, log=accelerator.is_main_process and progress)
@@ -854,6 +854,17 @@ def _prepared_model(cfg: TrainConfig, run: RunData, state: dict | None, options:
     runner, optimizer = accelerator.prepare(CompiledForward(model) if compiled else model, optimizer)
     ema.to(accelerator.device)
     return model, runner, optimizer, ema, history, start
+
+
+def _inherited_overrides(cfg: TrainConfig) -> dict:
+    """What a fine-tune takes from its ``init_from`` model's backbone config unless the run sets it: whether its
+    masked caption slots embed their neighbours (a model trained with them keeps them)."""
+    if not cfg.init_from:
+        return {}
+    config = Path(user_path(cfg.init_from, "--init-from")) / "backbone" / "config.json"
+    if not config.is_file():
+        return {}  # load_initial_weights says what is missing
+    return {"neighbour_inputs": bool(json.loads(config.read_text()).get("neighbour_inputs", False))}
 
 
 def trainable_optimizer_state(saved: dict, model: DiT) -> dict:
@@ -989,6 +1000,10 @@ def add_arguments(parser) -> None:
                         help="share of the samples whose text target is masked as a suffix (the words before a "
                              "random cut visible, every slot after it masked: the state of a left-to-right "
                              "decoder); the others keep random masks. 0 (default): random masks only")
+    parser.add_argument("--neighbour-inputs", action="store_true",
+                        help="a fresh model whose masked caption slots also embed the nearest visible token of "
+                             "their caption on each side and its distance (DiT neighbour_inputs; off by default; "
+                             "a fine-tune keeps what its --init-from model has)")
     parser.add_argument("--content-first", type=float, default=TrainConfig.content_first,
                         help="mask a caption's informative words first (rare words such as a colour or a shape "
                              "before the frequent ones that set its phrasing), with this strength: each word "
@@ -1115,7 +1130,8 @@ def run_from_args(args) -> int:
                      ema_decay=args.ema_decay, init_from=args.init_from, max_audio_seconds=args.max_audio_seconds,
                      critic_weight=args.critic_weight, critic_share=args.critic_share, critic_only=args.critic_only,
                      critic_labels=args.critic_labels, audio_position_rate=args.audio_position_rate,
-                     **({} if args.tasks is None else {"task_weights": args.tasks}))
+                     **({} if args.tasks is None else {"task_weights": args.tasks}),
+                     **({"model_overrides": {"neighbour_inputs": True}} if args.neighbour_inputs else {}))
     if args.fit_steps and args.max_minutes is None:
         raise InputError("--fit-steps fits the run to --max-minutes; give both")
     options = RunOptions(args.device, args.compile, args.max_minutes, args.shard_mb, args.half_weights, args.workers,
