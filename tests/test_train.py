@@ -183,6 +183,7 @@ def test_neighbour_inputs_are_trained_saved_inherited_and_refused_on_a_model_wit
     tuned = train(tmp_path / "tuned", [str(tiny_scenes)], tiny_codec_dir, _tiny_cfg(steps=1, init_from=str(first)),
                   progress=False)  # a fine-tune keeps them without being told
     assert DiT.from_pretrained(tuned / "backbone").config.neighbour_inputs
+    assert json.loads((tuned / "training_config.json").read_text())["model_overrides"] == {"neighbour_inputs": True}
     plain = train(tmp_path / "plain", [str(tiny_scenes)], tiny_codec_dir, _tiny_cfg(steps=1), progress=False)
     with pytest.raises(InputError, match="neighbour_inputs False here True"):
         train(tmp_path / "misfit", [str(tiny_scenes)], tiny_codec_dir,
@@ -300,6 +301,8 @@ def test_bench_train_times_the_first_recipes_step_and_the_unpadded_one_side_by_s
     assert main(["bench", "train", "--preset", "tiny", "--steps", "1", "--masking", "partition",
                  "--compare-masking", "partition"]) == 2
     assert "--compare-masking partition is the step's own --masking" in capsys.readouterr().err
+    assert main(["bench", "train", "--preset", "tiny", "--steps", "1", "--threads", "0"]) == 2
+    assert "--threads must be a positive number" in capsys.readouterr().err
 
 
 def test_bench_train_offers_every_masking_the_trainer_has():

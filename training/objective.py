@@ -199,9 +199,6 @@ class CaptionSurprisal:
             out = torch.where(seen[where] == keys, values[where], out)
         return out.masked_fill(ids < NUM_SPECIAL, 0.0)
 
-    def to(self, device) -> "CaptionSurprisal":
-        return replace(self, keys=self.keys.to(device), values=self.values.to(device))
-
 
 def content_first_masks(batch: MaskedBatch, segment_ids: torch.Tensor, surprisal: CaptionSurprisal,
                         strength: float, generator: torch.Generator | None = None) -> MaskedBatch:
@@ -313,9 +310,9 @@ class LossSpec:
             raise ValueError(f"loss normalisation must be one of {NORMALISERS}, got {self.normalise!r}")
 
     def to(self, device) -> "LossSpec":
+        # the surprisal stays where it is: masking runs where the batch is built (the CPU), before the rows move
         return replace(self, vocab=self.vocab and self.vocab.to(device),
-                       critic=self.critic and self.critic.to(device),
-                       surprisal=self.surprisal and self.surprisal.to(device))
+                       critic=self.critic and self.critic.to(device))
 
     def mask(self, ids: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor,
              generator: torch.Generator | None = None, segment_ids: torch.Tensor | None = None) -> MaskedBatch:

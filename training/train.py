@@ -688,8 +688,11 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
     check_data(data)
     ckpt_path = out_dir / "checkpoint.pt"
     cfg, state = resumed_config(TrainConfig, cfg, ckpt_path, resume)
-    if cfg.init_from and state is None:  # a fresh start: name the weights it starts from by their content
-        cfg = replace(cfg, init_from_hash=model_hash(user_path(cfg.init_from, "--init-from")))
+    if cfg.init_from and state is None:  # a fresh start: name the weights it starts from by their content, and
+        # keep the backbone options it was built with in the run's own config (a resume builds the same model
+        # even if the init_from folder is replaced meanwhile)
+        cfg = replace(cfg, init_from_hash=model_hash(user_path(cfg.init_from, "--init-from")),
+                      model_overrides={**_inherited_overrides(cfg), **cfg.model_overrides})
     deadline = Deadline(options.max_minutes)
     accelerator = _accelerator(cfg, options, progress)
     world, rank, main = accelerator.num_processes, accelerator.process_index, accelerator.is_main_process
@@ -837,7 +840,7 @@ def _prepared_model(cfg: TrainConfig, run: RunData, state: dict | None, options:
     """The model (fresh, fine-tuned from ``init_from`` or resumed), the runner accelerate prepared (compiled on
     CUDA unless told), the optimizer, the EMA, the history and the step to start from."""
     torch.manual_seed(cfg.seed)
-    model = DiT.from_preset(cfg.preset, run.layout.vocab_size, **{**_inherited_overrides(cfg), **cfg.model_overrides,
+    model = DiT.from_preset(cfg.preset, run.layout.vocab_size, **{**cfg.model_overrides,
                                                                   "causal": cfg.autoregressive})
     if cfg.init_from and state is None:
         load_initial_weights(model, cfg.init_from, run.layout, log=accelerator.is_main_process and progress)

@@ -7,21 +7,18 @@ from __future__ import annotations
 import json
 import sys
 
-from unimodal.cli_common import add_model_arguments, number_list, parse_cfg
+from unimodal.cli_common import add_model_arguments, number_list, parse_cfg, set_threads
 
 
 def _cmd_bench_train(args) -> int:
     import itertools
     from dataclasses import replace
 
-    import torch
-
     from unimodal.core.errors import InputError
     from unimodal.training.bench import (FIRST_RECIPE, StepForm, bench_train_side_by_side, format_result,
                                          result_dict, speedups)
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     if args.compare_first:
         forms = (FIRST_RECIPE, StepForm())
     else:

@@ -64,3 +64,16 @@ def number_list(kind):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {value!r}") from None
     return parse
+
+
+def set_threads(threads: int | None) -> None:
+    """A command's ``--threads``: torch's thread count (None: torch's own choice); below 1 is refused."""
+    from unimodal.core.errors import InputError
+
+    if threads is None:
+        return
+    if threads < 1:
+        raise InputError(f"--threads must be a positive number of threads, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)

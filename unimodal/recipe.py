@@ -275,19 +275,15 @@ def add_recipe_command(bench) -> None:
 
 
 def _cmd_recipe(args) -> int:
+    from unimodal.cli_common import set_threads
     from unimodal.core.paths import default_codecs_dir
 
-    if args.threads is not None and args.threads < 1:
-        raise InputError(f"--threads must be a positive number of threads, got {args.threads}")
+    set_threads(args.threads)
     budget = RecipeBudget(data=args.data, preset=args.preset, steps=args.steps, batch_size=args.batch_size,
                           lr=args.lr, eval_n=args.eval_n, seed=args.seed)
     variants = [parse_variant(words) for words in args.variant]
     if len({name for name, _ in variants}) != len(variants):
         raise InputError("each --variant needs its own name")
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
     report = run_recipe(budget, variants, args.codecs or default_codecs_dir(), args.out)
     print(format_report(report))
     print(Path(args.out) / "recipe.json")
