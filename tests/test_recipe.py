@@ -401,6 +401,17 @@ def test_max_minutes_stops_cleanly_with_a_checkpoint_and_a_model(tiny_codec_dir,
     assert record["steps"] == 50 and record["steps_done"] == 1  # the plan, and what the weights had
 
 
+def test_a_resumed_runs_step_seconds_count_every_process(tiny_codec_dir, tiny_scenes, tmp_path):
+    from unimodal.recipe import step_seconds
+
+    train(tmp_path / "run", [str(tiny_scenes)], tiny_codec_dir, _cfg(steps=2), progress=False)
+    train(tmp_path / "run", [str(tiny_scenes)], tiny_codec_dir, _cfg(steps=4), resume=True, progress=False)
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert [h["step"] for h in history] == [1, 2, 3, 4] and all(h["step_s"] > 0 for h in history)
+    assert step_seconds(history) == pytest.approx(sum(h["step_s"] for h in history))
+    assert step_seconds([{"step": 1, "train_loss": 1.0}]) is None  # logged before steps were timed: unknown
+
+
 def test_fit_steps_times_whole_steps_and_revises_the_total_when_the_machine_changes_speed():
     from unimodal.training import train as train_mod
 

@@ -732,7 +732,8 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
         deadline.step_took(step_times[-1])
         stopping = deadline.reached() and step + 1 < cfg.steps
         record = {"step": step + 1, "lr": cfg.lr * lr_factor(cfg, step), **record,
-                  "tokens_per_s": record.pop("tokens") * world / step_times[-1]}
+                  "tokens_per_s": record.pop("tokens") * world / step_times[-1],
+                  "step_s": step_times[-1]}  # the step's own seconds: summed over a resumed run's history
         bar.update(1)
         bar.set_postfix(loss=f"{record['train_loss']:.3f}", acc=f"{record['accuracy']:.2f}",
                         tok_s=f"{record['tokens_per_s']:.0f}")

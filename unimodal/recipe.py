@@ -107,8 +107,17 @@ def train_variant(budget: RecipeBudget, name: str, overrides: dict, codec_dir, o
     history = json.loads((run / "history.json").read_text())
     return {"run": str(run), "seconds": json.loads((run / "wall.json").read_text())["seconds"]
             if (run / "wall.json").is_file() else None,
+            "step_seconds": step_seconds(history),
             "tokens_per_s_median": _median([h["tokens_per_s"] for h in history if "tokens_per_s" in h]),
             "val": history[-1].get("val", {})}
+
+
+def step_seconds(history: list[dict]) -> float | None:
+    """Seconds the run's optimizer steps took, summed over every process that trained it (a resumed run's history
+    holds the steps of each); None when a step was logged without its time (a run trained before it was kept).
+    ``seconds`` is the wall clock of the last process alone, validation and checkpoints included."""
+    times = [h.get("step_s") for h in history if "train_loss" in h]
+    return sum(times) if times and None not in times else None
 
 
 def _median(values: list[float]) -> float | None:
@@ -230,7 +239,8 @@ def format_report(report: dict) -> str:
         shape = probe.get("by_class", {}).get("shape", {}).get("accuracy")
         cells.append(f"{probe['accuracy']:6.3f}" if probe else f"{'-':>6}")
         cells.append(f"{shape:6.3f}" if shape is not None else f"{'-':>6}")
-        minutes = f"{v['seconds'] / 60:9.1f}" if v.get("seconds") else f"{'-':>9}"
+        seconds = v.get("step_seconds") or v.get("seconds")  # the steps of every process, where they were timed
+        minutes = f"{seconds / 60:9.1f}" if seconds else f"{'-':>9}"
         speed = f"{v['tokens_per_s_median']:7.0f}" if v.get("tokens_per_s_median") else f"{'-':>7}"
         lines.append(f"{name:<14} {minutes} {speed} {' '.join(cells)}  {v['overrides'] or 'defaults'}")
     return "\n".join(lines)
