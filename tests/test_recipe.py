@@ -401,6 +401,21 @@ def test_max_minutes_stops_cleanly_with_a_checkpoint_and_a_model(tiny_codec_dir,
     assert record["steps"] == 50 and record["steps_done"] == 1  # the plan, and what the weights had
 
 
+def test_a_cpu_run_hands_freed_memory_back_every_few_steps(tiny_codec_dir, tiny_scenes, tmp_path, monkeypatch):
+    import platform
+
+    import unimodal.training.train as train_module
+    from unimodal.training.hardware import release_freed_memory
+
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert release_freed_memory() is True  # glibc's malloc_trim found and called
+    calls = []
+    monkeypatch.setattr(train_module, "TRIM_EVERY", 2)
+    monkeypatch.setattr(train_module, "release_freed_memory", lambda: calls.append(1) or True)
+    train(tmp_path / "run", [str(tiny_scenes)], tiny_codec_dir, _cfg(steps=4), progress=False)
+    assert len(calls) == 2  # after steps 2 and 4
+
+
 def test_a_resumed_runs_step_seconds_count_every_process(tiny_codec_dir, tiny_scenes, tmp_path):
     from unimodal.recipe import step_seconds
 
@@ -408,6 +423,8 @@ def test_a_resumed_runs_step_seconds_count_every_process(tiny_codec_dir, tiny_sc
     train(tmp_path / "run", [str(tiny_scenes)], tiny_codec_dir, _cfg(steps=4), resume=True, progress=False)
     history = json.loads((tmp_path / "run" / "history.json").read_text())
     assert [h["step"] for h in history] == [1, 2, 3, 4] and all(h["step_s"] > 0 for h in history)
+    if Path("/proc/self/statm").is_file():
+        assert all(h["rss_mb"] > 10 for h in history)  # the process's memory after each step
     assert step_seconds(history) == pytest.approx(sum(h["step_s"] for h in history))
     assert step_seconds([{"step": 1, "train_loss": 1.0}]) is None  # logged before steps were timed: unknown
 

@@ -7,6 +7,10 @@ against 162 in float32 and a ``mini`` step took 27.4 s instead of 1.26 s. So the
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import os
 import re
 import time
 from pathlib import Path
@@ -77,3 +81,35 @@ def cpu_autocast_bf16(requested: bool | None, what: str, progress: bool = True) 
     if progress:
         print(f"{what}: {'bf16 autocast' if bf16 else 'float32'} ({why})", flush=True)
     return bf16
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim`` where the C library is glibc, else None (musl, macOS, Windows)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_freed_memory() -> bool:
+    """Give the pages the C allocator holds free back to the system (glibc ``malloc_trim(0)``); False where there
+    is no glibc. A CPU training step allocates tensors of a different size each step (a different number of
+    masked slots, of packed tokens), and glibc keeps what they freed as scattered holes: a ``mini`` run's memory
+    grew ~25 MB a step, to 8-9 GB by step 1,000 (training calls this every ``train.TRIM_EVERY`` steps on the CPU;
+    docs/results.md, "Memory of a CPU run")."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+def resident_mb() -> float | None:
+    """This process's resident memory in MB (Linux's /proc/self/statm), None where it cannot be read."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+
