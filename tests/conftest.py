@@ -1,4 +1,9 @@
 import os
+import signal
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass
 
 import pytest
 
@@ -20,6 +25,49 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@dataclass
+class Finished:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_group(cmd, timeout: float, **popen) -> Finished:
+    """Run ``cmd`` in a process group of its own, its output in files, and leave no process of it behind.
+
+    ``subprocess.run(capture_output=True, timeout=...)`` can hang past its timeout: it kills the child it started,
+    then reads the pipes to their end, which a grandchild (a torch.distributed worker, a training run started by
+    a script) still holds open. Here the output goes to files and, on timeout or after a normal exit, the
+    whole group is killed, so a hung worker fails the test with its log instead of stalling the suite."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True, **popen)
+        try:
+            returncode = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # stragglers of a finished run, or the whole hung run
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        texts = []
+        for f in (out, err):
+            f.seek(0)
+            texts.append(f.read().decode(errors="replace"))
+    if returncode is None:
+        pytest.fail(f"{cmd[:4]} ran past {timeout} s and was killed with its workers; its output ends:\n"
+                    f"{texts[0][-3000:]}\n{texts[1][-3000:]}")
+    return Finished(returncode, *texts)
+
+
+def free_port() -> int:
+    """A TCP port no process listens on now (for a torch.distributed rendezvous of one test)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

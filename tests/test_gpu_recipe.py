@@ -3,12 +3,13 @@ machine has: the project's other dependencies (eSpeak, soundfile, Faker, the jud
 extra packages come as wheels from a folder."""
 
 import json
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+
+from conftest import run_group
 
 REPO = Path(__file__).resolve().parents[1]
 NOT_ON_A_BARE_GPU_MACHINE = ["soundfile", "espeakng_loader", "faker", "wordfreq", "faster_whisper", "jiwer", "mcp"]
@@ -67,7 +68,7 @@ exec {sys.executable} "$@"
     cmd = ["bash", str(REPO / "training" / "gpu_train.sh"), "--pack", str(pack), "--out", str(out), "--wheels",
            str(wheels), "--minutes", "5", "--device", "cpu", "--", "--preset", "tiny", "--steps", "3",
            "--batch-size", "4", "--no-bf16", "--val-every", "2", "--workers", "1", "--audio-position-rate", "auto"]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    result = run_group(cmd, timeout=600, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "installed 1 wheel(s)" in result.stdout and "tokens/s" in result.stdout and "MFU" in result.stdout
     assert "again without torch.compile" in result.stdout and "simulated compiler failure" in result.stdout

@@ -1,7 +1,6 @@
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import free_port, run_group
 from unimodal.backbone.dit import DiT
 from unimodal.tokenizers_mm.layout import MASK
 from unimodal.training.objective import mask_targets, masked_diffusion_loss
@@ -235,14 +235,28 @@ def test_token_cache_is_reused(tiny_codec_dir, tiny_scenes):
 @pytest.mark.parametrize("critic_weight", ["0", "0.1"])  # critic head frozen / a second forward before backward
 def test_two_processes_agree_on_weights(tiny_codec_dir, tiny_scenes, tmp_path, critic_weight):
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "unimodal.training.train", "--preset", "tiny", "--data", str(tiny_scenes), "--codecs", str(tiny_codec_dir),
            "--out", str(tmp_path / "ddp"), "--steps", "2", "--batch-size", "4", "--val-every", "2", "--no-bf16",
            "--critic-weight", critic_weight]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    result = run_group(cmd, timeout=300, env=env, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     checksums = json.loads((tmp_path / "ddp" / "replica_checksums.json").read_text())
     assert len(checksums) == 2 and checksums[0] == checksums[1]
+
+
+def test_a_hung_worker_fails_its_test_and_is_killed(tmp_path):
+    """The multi-process tests' runner: a grandchild that holds the output open and never ends (a hung
+    torch.distributed worker) fails the test at the timeout, and no process of the group outlives it."""
+    pid_file = tmp_path / "worker.pid"
+    worker = "import time; time.sleep(120)"
+    launcher = (f"import subprocess, sys, time; w = subprocess.Popen([sys.executable, '-c', {worker!r}]); "
+                f"open({str(pid_file)!r}, 'w').write(str(w.pid)); print('launched', flush=True); time.sleep(120)")
+    with pytest.raises(pytest.fail.Exception, match="launched"):
+        run_group([sys.executable, "-c", launcher], timeout=5)
+    status = Path(f"/proc/{int(pid_file.read_text())}/status")
+    assert not status.exists() or "zombie" in status.read_text()  # killed (a zombie until its new parent reaps it)
+    assert run_group([sys.executable, "-c", "print('done')"], timeout=60).stdout == "done\n"
 
 
 def test_training_on_a_users_manifest(tiny_codec_dir, tmp_path):
