@@ -197,6 +197,9 @@ def add_bench_commands(sub) -> None:
     from unimodal.recipe import add_recipe_command
 
     add_recipe_command(bench)
+    from unimodal.recipe_curve import add_recipe_curve_command
+
+    add_recipe_curve_command(bench)
     from unimodal.cli_refine import add_bench_edit_command, add_bench_refine_command, add_bench_refine_plot_command
 
     add_bench_refine_command(bench)

@@ -1,0 +1,117 @@
+"""``unimodal bench recipe-curve``: judged accuracy against counted training compute, diffusion and its twin."""
+
+import json
+import math
+
+import pytest
+
+from unimodal.core.errors import InputError
+from unimodal.core.paths import model_hash
+from unimodal.recipe_curve import build_curve, training_flops, wilson_interval
+from unimodal.training.train import TrainConfig, train
+
+TASKS = {"text->image": 1.0, "image->text": 1.0}
+
+
+def _run(folder, tiny_codec_dir, tiny_scenes, **kw):
+    cfg = TrainConfig(**{**dict(preset="tiny", steps=2, batch_size=4, warmup=1, val_every=2, val_samples=2,
+                                checkpoint_every=2, bf16=False, task_weights=TASKS), **kw})
+    train(folder, [str(tiny_scenes)], tiny_codec_dir, cfg, progress=False)
+    return folder
+
+
+def _recipe(folder, data, steps, variants):
+    """A recipe.json beside its runs, as bench recipe leaves it (judged verdicts given)."""
+    report = {"budget": {"data": data, "preset": "tiny", "steps": steps, "batch_size": 4, "lr": 1e-3, "tasks": TASKS,
+                         "eval_n": 10, "seed": 0},
+              "variants": {name: {"overrides": overrides, "run": f"{folder.name}/{name}", "seconds": 60.0,
+                                  "judged": {d: {"accuracy": sum(v) / len(v), "verdicts": v} for d, v in judged.items()},
+                                  "probe": {}}
+                           for name, (overrides, judged) in variants.items()}}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "recipe.json").write_text(json.dumps(report))
+    return folder / "recipe.json"
+
+
+def test_wilson_interval():
+    low, high = wilson_interval(0, 10)
+    assert low == 0 and high == pytest.approx(0.2775, abs=1e-4)
+    low, high = wilson_interval(44, 64)
+    assert low == pytest.approx(0.566, abs=1e-3) and high == pytest.approx(0.788, abs=1e-3)
+    assert all(math.isnan(v) for v in wilson_interval(0, 0))
+
+
+def test_counted_compute_follows_the_step_as_it_runs(tiny_codec_dir, tiny_scenes, tmp_path):
+    data = str(tiny_scenes)
+    comp = training_flops(_run(tmp_path / "comp", tiny_codec_dir, tiny_scenes), data)
+    once = training_flops(_run(tmp_path / "once", tiny_codec_dir, tiny_scenes, masking="independent"), data)
+    longer = training_flops(_run(tmp_path / "longer", tiny_codec_dir, tiny_scenes, steps=4), data)
+    twin = training_flops(_run(tmp_path / "twin", tiny_codec_dir, tiny_scenes, objective="ar"), data)
+    assert comp["objective"] == "diffusion" and twin["objective"] == "ar" and twin["masking"] is None
+    assert comp["flops"] == pytest.approx(2 * comp["flops_per_step"]) and longer["steps"] == 4
+    # a complementary mask trains each sample twice, its condition computed once: more than one row, under two
+    assert once["flops_per_step"] < comp["flops_per_step"] < 2 * once["flops_per_step"]
+    assert twin["flops_per_step"] > 0
+    with pytest.raises(InputError, match="history.json"):
+        training_flops(tmp_path / "nothing", data)
+
+
+def test_the_curve_reads_each_objective_in_log_compute(tiny_codec_dir, tiny_scenes, tmp_path, monkeypatch):
+    import unimodal.recipe_curve as rc
+
+    flops = {"d1": 1e12, "d2": 1e13, "a1": 1e12 * 10 ** 0.5}
+    monkeypatch.setattr(rc, "training_flops", lambda run, data: {
+        "flops": flops[run.name], "objective": "ar" if run.name.startswith("a") else "diffusion",
+        "masking": None if run.name.startswith("a") else "complementary"})
+    right = lambda k: [1] * k + [0] * (10 - k)  # noqa: E731
+    small = _recipe(tmp_path / "small", "scenes", 600, {"d1": ({}, {"text->image": right(1), "image->text": right(2)}),
+                                                         "a1": ({"objective": "ar"}, {"text->image": right(3),
+                                                                                      "image->text": right(7)})})
+    large = _recipe(tmp_path / "large", "scenes", 1200, {"d2": ({}, {"text->image": right(3), "image->text": right(4)})})
+    curve = build_curve([f"{small}:d1", f"{small.parent}:a1", f"{large}:d2"])
+    reading = curve["analysis"]["image->text"]
+    assert reading["fits"]["diffusion"]["per_tenfold"] == pytest.approx(0.2)  # 0.2 -> 0.4 over a tenfold
+    assert reading["fits"]["ar"] is None  # one point makes no line
+    row = reading["against_twin"][0]
+    assert row["diffusion_at_same_flops"] == pytest.approx(0.3)  # halfway in log compute
+    assert row["compute_ratio"] == pytest.approx(10 ** ((0.7 - 0.2) / 0.2) / 10 ** 0.5) and row["extrapolated"]
+    drawing = curve["analysis"]["text->image"]["against_twin"][0]
+    assert drawing["compute_ratio"] == pytest.approx(10 ** 0.5) and not drawing["extrapolated"]
+    point = next(p for p in curve["points"] if p["variant"] == "a1")
+    assert point["judged"]["image->text"]["ci95"] == pytest.approx(list(wilson_interval(7, 10)))
+    other = _recipe(tmp_path / "other", "scenes", 600, {"d3": ({"task_weights": {"text->image": 2.0, "image->text": 1.0}},
+                                                               {"text->image": right(5), "image->text": right(5)})})
+    flops["d3"] = 1e12
+    with pytest.raises(InputError, match="same task mixture"):
+        build_curve([f"{small}:d1", f"{other}:d3"])
+    with pytest.raises(InputError, match="no variant 'd9'"):
+        build_curve([f"{small}:d9"])
+    with pytest.raises(InputError, match="RECIPE:VARIANT"):
+        build_curve(["just-a-name"])
+
+
+def test_an_eval_judges_a_point_only_of_its_own_model(tiny_codec_dir, tiny_scenes, tmp_path, capsys):
+    from unimodal.cli import main
+
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    run = _run(folder / "d1", tiny_codec_dir, tiny_scenes)
+    _run(folder / "a1", tiny_codec_dir, tiny_scenes, objective="ar")
+    right = [1, 0, 0, 0]
+    recipe = _recipe(folder, str(tiny_scenes), 2, {"d1": ({}, {"text->image": right, "image->text": right}),
+                                                    "a1": ({"objective": "ar"}, {"text->image": right,
+                                                                                 "image->text": [1, 1, 0, 0]})})
+    ev = {"figures": {"image->text": {"accuracy": 0.5, "verdicts": [1, 0] * 8}, "text->image": {
+        "accuracy": 0.25, "verdicts": [1, 0, 0, 0] * 4}}, "model_hash": model_hash(run / "model")}
+    (tmp_path / "eval.json").write_text(json.dumps(ev))
+    assert main(["bench", "recipe-curve", f"{recipe}:d1={tmp_path / 'eval.json'}", f"{recipe}:a1",
+                 "--out", str(tmp_path / "curve")]) == 0
+    curve = json.loads((tmp_path / "curve" / "curve.json").read_text())
+    judged = next(p for p in curve["points"] if p["variant"] == "d1")["judged"]
+    assert judged["image->text"]["n"] == 16 and judged["image->text"]["right"] == 8
+    assert (tmp_path / "curve" / "curve.png").stat().st_size > 1000
+    assert "PFLOP" in capsys.readouterr().out
+    ev["model_hash"] = "0123456789abcdef"
+    (tmp_path / "eval.json").write_text(json.dumps(ev))
+    with pytest.raises(InputError, match="not d1's"):
+        build_curve([f"{recipe}:d1={tmp_path / 'eval.json'}"])
