@@ -246,6 +246,7 @@ def plot_curve(curve: dict, path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     directions = curve["directions"]
     figure, axes = plt.subplots(1, len(directions), figsize=(5.2 * len(directions), 4.2), squeeze=False)
@@ -260,14 +261,21 @@ def plot_curve(curve: dict, path) -> Path:
             err = [[v - p["judged"][d]["ci95"][0] for v, p in zip(y, ps)],
                    [p["judged"][d]["ci95"][1] - v for v, p in zip(y, ps)]]
             shown = axis.errorbar(x, y, yerr=err, fmt=style, capsize=3, label=names[objective])
+            for p, xi, yi in zip(ps, x, y):
+                axis.annotate(f"{p['steps']}", (xi, yi), textcoords="offset points", xytext=(6, -3), fontsize=7,
+                              color=shown[0].get_color())
             fit = curve["analysis"][d]["fits"][objective]
             if fit:
                 span = np.logspace(math.log10(min(x)) - 0.1, math.log10(max(x)) + 0.1, 20)
                 axis.plot(span, fit["intercept"] + fit["per_tenfold"] * np.log10(span * 1e15), "--",
                           color=shown[0].get_color(), alpha=0.6)
         axis.set_xscale("log")
+        axis.xaxis.set_minor_locator(LogLocator(subs=(2, 3, 5)))
+        for which in (axis.xaxis.set_major_formatter, axis.xaxis.set_minor_formatter):
+            which(FuncFormatter(lambda value, _: f"{value:.2g}"))
+        axis.tick_params(axis="x", which="minor", labelsize=7)
         axis.set_ylim(0, 1)
-        axis.set_xlabel("training compute (PFLOP, model FLOPs)")
+        axis.set_xlabel("training compute (PFLOP, counted; labels: steps)")
         axis.set_ylabel("judged accuracy (test)")
         axis.set_title(d)
         axis.grid(alpha=0.3)
