@@ -71,7 +71,7 @@ def test_the_curve_reads_each_objective_in_log_compute(tiny_codec_dir, tiny_scen
     curve = build_curve([f"{small}:d1", f"{small.parent}:a1", f"{large}:d2"])
     reading = curve["analysis"]["image->text"]
     assert reading["fits"]["diffusion"]["per_tenfold"] == pytest.approx(0.2)  # 0.2 -> 0.4 over a tenfold
-    assert reading["fits"]["ar"] is None  # one point makes no line
+    assert reading["fits"]["ar"] is None and reading["crossing"] is None  # one point makes no line
     row = reading["against_twin"][0]
     assert row["diffusion_at_same_flops"] == pytest.approx(0.3)  # halfway in log compute
     assert row["compute_ratio"] == pytest.approx(10 ** ((0.7 - 0.2) / 0.2) / 10 ** 0.5) and row["extrapolated"]
@@ -79,6 +79,13 @@ def test_the_curve_reads_each_objective_in_log_compute(tiny_codec_dir, tiny_scen
     assert drawing["compute_ratio"] == pytest.approx(10 ** 0.5) and not drawing["extrapolated"]
     point = next(p for p in curve["points"] if p["variant"] == "a1")
     assert point["judged"]["image->text"]["ci95"] == pytest.approx(list(wilson_interval(7, 10)))
+    flops["a2"] = 1e13  # a second twin run: reading 0.7 -> 0.8 over half a decade, a line 0.2 a decade
+    more = _recipe(tmp_path / "more", "scenes", 2400, {"a2": ({"objective": "ar"}, {"text->image": right(3),
+                                                                                   "image->text": right(8)})})
+    curve = build_curve([f"{small}:d1", f"{small}:a1", f"{large}:d2", f"{more}:a2"])
+    assert curve["analysis"]["image->text"]["crossing"] == {"never": True}  # both climb 0.2 a decade
+    crossing = curve["analysis"]["text->image"]["crossing"]  # diffusion 0.2 a decade, the twin flat at 0.3
+    assert not crossing["never"] and crossing["flops"] == pytest.approx(1e13) and crossing["accuracy"] == pytest.approx(0.3)
     other = _recipe(tmp_path / "other", "scenes", 600, {"d3": ({"task_weights": {"text->image": 2.0, "image->text": 1.0}},
                                                                {"text->image": right(5), "image->text": right(5)})})
     flops["d3"] = 1e12

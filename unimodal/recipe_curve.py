@@ -172,6 +172,22 @@ def _interpolated(points: list[dict], direction: str, flops: float) -> float | N
     return None
 
 
+def _crossing(fits: dict, points: list[dict]) -> dict | None:
+    """Where the diffusion line meets the twin's (both fitted): the compute at which diffusion would read as well
+    as its twin if both kept their measured slopes; None without two lines, ``never`` when the twin's line
+    climbs as fast or faster (or they would meet only beyond 1e30 FLOP). Lines in log compute pass 1.0 somewhere: past the accuracy either saturates at, the
+    crossing is a bound, not a forecast."""
+    d, t = fits.get("diffusion"), fits.get("ar")
+    if not d or not t:
+        return None
+    gain = d["per_tenfold"] - t["per_tenfold"]
+    log_flops = (t["intercept"] - d["intercept"]) / gain if gain > 1e-6 else math.inf
+    if log_flops > 30:  # as steep, or meeting beyond 1e30 FLOP: not within any reach
+        return {"never": True}
+    return {"never": False, "flops": 10 ** log_flops, "accuracy": d["intercept"] + d["per_tenfold"] * log_flops,
+            "extrapolated": 10 ** log_flops > max(p["flops"] for p in points) * (1 + 1e-9)}
+
+
 def build_curve(specs: list[str]) -> dict:
     points = [curve_point(s) for s in specs]
     mixtures = {json.dumps(p["tasks"], sort_keys=True) for p in points}
@@ -198,7 +214,7 @@ def build_curve(specs: list[str]) -> dict:
                 row.update(diffusion_flops_to_match=needed, compute_ratio=needed / t["flops"],
                            extrapolated=needed > diffusion[-1]["flops"] * (1 + 1e-9))
             rows.append(row)
-        analysis[d] = {"fits": fits, "against_twin": rows}
+        analysis[d] = {"fits": fits, "against_twin": rows, "crossing": _crossing(fits, points)}
     return {"points": points, "directions": directions, "analysis": analysis,
             "counted": "training FLOPs: torch.utils.flop_counter over the forward and backward of the run's own "
                        "step (4 of its batches), x its steps"}
@@ -224,6 +240,13 @@ def format_curve(curve: dict) -> str:
             if fit:
                 lines.append(f"{d}: {objective} {fit['per_tenfold']:+.3f} a tenfold compute (a line through "
                              f"{fit['points']} points)")
+        crossing = a.get("crossing")
+        if crossing and crossing["never"]:
+            lines.append(f"{d}: the lines do not cross: the twin's climbs as fast as diffusion's or faster")
+        elif crossing:
+            lines.append(f"{d}: the lines cross at {crossing['flops'] / 1e15:.3g} PFLOP, accuracy "
+                         f"{crossing['accuracy']:.3f}" + (" (extrapolated beyond the runs)"
+                                                           if crossing["extrapolated"] else ""))
         for row in a["against_twin"]:
             same = row["diffusion_at_same_flops"]
             text = (f"{d}: twin {row['twin']} {row['twin_accuracy']:.3f} at {row['twin_flops'] / 1e15:.2f} PFLOP; "
