@@ -302,7 +302,7 @@ def plot_curve(curve: dict, path) -> Path:
         axis.set_ylabel("judged accuracy (test)")
         axis.set_title(d)
         axis.grid(alpha=0.3)
-        axis.legend(loc="upper left")
+        axis.legend(loc="best", fontsize=8)
     figure.tight_layout()
     path = Path(path)
     figure.savefig(path, dpi=110)
