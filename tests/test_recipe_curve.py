@@ -91,6 +91,16 @@ def test_the_curve_reads_each_objective_in_log_compute(tiny_codec_dir, tiny_scen
     flops["d3"] = 1e12
     with pytest.raises(InputError, match="same task mixture"):
         build_curve([f"{small}:d1", f"{other}:d3"])
+    monkeypatch.undo()  # a report that recorded its count draws without its runs (none exist here)
+    report = json.loads(small.read_text())
+    for name, value in (("d1", 1e12), ("a1", 1e12 * 10 ** 0.5)):
+        report["variants"][name]["train_flops"] = value
+    small.write_text(json.dumps(report))
+    recorded = build_curve([f"{small}:d1", f"{small}:a1"])
+    assert [(p["variant"], p["objective"], p["flops"]) for p in recorded["points"]] == \
+        [("d1", "diffusion", 1e12), ("a1", "ar", 1e12 * 10 ** 0.5)]
+    with pytest.raises(InputError, match="history.json"):  # neither the runs nor a recorded count
+        build_curve([f"{large}:d2"])
     with pytest.raises(InputError, match="no variant 'd9'"):
         build_curve([f"{small}:d9"])
     with pytest.raises(InputError, match="RECIPE:VARIANT"):
@@ -122,3 +132,12 @@ def test_an_eval_judges_a_point_only_of_its_own_model(tiny_codec_dir, tiny_scene
     (tmp_path / "eval.json").write_text(json.dumps(ev))
     with pytest.raises(InputError, match="not d1's"):
         build_curve([f"{recipe}:d1={tmp_path / 'eval.json'}"])
+
+
+def test_bench_recipe_records_each_runs_counted_compute(tiny_codec_dir, tiny_scenes, tmp_path):
+    from unimodal.recipe import RecipeBudget, train_variant
+
+    budget = RecipeBudget(data=str(tiny_scenes), preset="tiny", steps=2, batch_size=4)
+    facts = train_variant(budget, "v", {"bf16": False}, tiny_codec_dir, tmp_path, False)
+    assert facts["train_flops"] == pytest.approx(training_flops(tmp_path / "v", str(tiny_scenes))["flops"])
+    assert facts["train_flops"] > 0

@@ -105,7 +105,10 @@ def train_variant(budget: RecipeBudget, name: str, overrides: dict, codec_dir, o
               options=RunOptions(device="cpu"))
         (run / "wall.json").write_text(json.dumps({"seconds": time.perf_counter() - start}))
     history = json.loads((run / "history.json").read_text())
-    return {"run": str(run), "seconds": json.loads((run / "wall.json").read_text())["seconds"]
+    from unimodal.recipe_curve import training_flops
+
+    return {"run": str(run), "train_flops": training_flops(run, budget.data)["flops"],  # bench recipe-curve's x
+            "seconds": json.loads((run / "wall.json").read_text())["seconds"]
             if (run / "wall.json").is_file() else None,
             "step_seconds": step_seconds(history),
             "tokens_per_s_median": _median([h["tokens_per_s"] for h in history if "tokens_per_s" in h]),

@@ -126,7 +126,12 @@ def curve_point(spec: str) -> dict:
     folder = Path(path).expanduser()
     folder = folder if folder.is_dir() else folder.parent
     run = folder / Path(variant["run"]).name  # recipe runs live beside their recipe.json
-    compute = training_flops(run, budget["data"])
+    if (run / "history.json").is_file() or not variant.get("train_flops"):
+        compute = training_flops(run, budget["data"])
+    else:  # a committed report without its runs: the count bench recipe recorded when it trained
+        ar = variant["overrides"].get("objective") == "ar"
+        compute = {"flops": variant["train_flops"], "objective": "ar" if ar else "diffusion",
+                   "masking": None if ar else variant["overrides"].get("masking", "complementary")}
     judged = {d: {"accuracy": f.get("accuracy"), "verdicts": f.get("verdicts")} for d, f in
               variant.get("judged", {}).items()}
     judged_by = "recipe"
