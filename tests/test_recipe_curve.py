@@ -132,6 +132,17 @@ def test_an_eval_judges_a_point_only_of_its_own_model(tiny_codec_dir, tiny_scene
     (tmp_path / "eval.json").write_text(json.dumps(ev))
     with pytest.raises(InputError, match="not d1's"):
         build_curve([f"{recipe}:d1={tmp_path / 'eval.json'}"])
+    # the runs gone: a report that recorded the count and the model's hash still draws, and still checks the eval
+    report = json.loads(recipe.read_text())
+    report["variants"]["d1"].update(train_flops=1e9, model_hash="0123456789abcdef")
+    report["variants"]["a1"]["train_flops"] = 1e9
+    moved = tmp_path / "committed"
+    moved.mkdir()
+    (moved / "recipe.json").write_text(json.dumps(report))
+    curve = build_curve([f"{moved}:d1={tmp_path / 'eval.json'}", f"{moved}:a1"])
+    assert [p["flops"] for p in curve["points"]] == [1e9, 1e9]
+    with pytest.raises(InputError, match="says which model"):
+        build_curve([f"{moved}:a1={tmp_path / 'eval.json'}"])
 
 
 def test_bench_recipe_records_each_runs_counted_compute(tiny_codec_dir, tiny_scenes, tmp_path):
@@ -140,4 +151,4 @@ def test_bench_recipe_records_each_runs_counted_compute(tiny_codec_dir, tiny_sce
     budget = RecipeBudget(data=str(tiny_scenes), preset="tiny", steps=2, batch_size=4)
     facts = train_variant(budget, "v", {"bf16": False}, tiny_codec_dir, tmp_path, False)
     assert facts["train_flops"] == pytest.approx(training_flops(tmp_path / "v", str(tiny_scenes))["flops"])
-    assert facts["train_flops"] > 0
+    assert facts["train_flops"] > 0 and facts["model_hash"] == model_hash(tmp_path / "v" / "model")

@@ -105,9 +105,11 @@ def train_variant(budget: RecipeBudget, name: str, overrides: dict, codec_dir, o
               options=RunOptions(device="cpu"))
         (run / "wall.json").write_text(json.dumps({"seconds": time.perf_counter() - start}))
     history = json.loads((run / "history.json").read_text())
+    from unimodal.core.paths import model_hash
     from unimodal.recipe_curve import training_flops
 
     return {"run": str(run), "train_flops": training_flops(run, budget.data)["flops"],  # bench recipe-curve's x
+            "model_hash": model_hash(run / "model"),  # what an eval of this variant's model must name
             "seconds": json.loads((run / "wall.json").read_text())["seconds"]
             if (run / "wall.json").is_file() else None,
             "step_seconds": step_seconds(history),

@@ -138,7 +138,10 @@ def curve_point(spec: str) -> dict:
     if eval_part:
         ev = read_report(eval_part, "an eval.json of unimodal eval (or a folder holding one)", ("figures",),
                          "eval.json")
-        own = model_hash(run / "model")
+        own = model_hash(run / "model") if (run / "model").is_dir() else variant.get("model_hash")
+        if own is None:
+            raise InputError(f"{spec}: neither {run / 'model'} nor a model hash recorded in {path} says which model "
+                             f"{eval_part} must have judged")
         if ev.get("model_hash") != own:
             raise InputError(f"{eval_part} judged the model {ev.get('model_hash')}, not {name}'s ({own}, "
                              f"{run / 'model'})")
