@@ -27,6 +27,7 @@ from unimodal.core.errors import InputError
 
 CURVE_FILE, FIGURE_FILE = "curve.json", "curve.png"
 Z95 = 1.959964
+FLOP_SAMPLES = 4  # batches of a run whose step the FLOP counter reads (spread over the run)
 
 
 def wilson_interval(right: int, n: int) -> tuple[float, float]:
@@ -39,7 +40,7 @@ def wilson_interval(right: int, n: int) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def training_flops(run: str | Path, data: str, samples: int = 4) -> dict:
+def training_flops(run: str | Path, data: str, samples: int = FLOP_SAMPLES) -> dict:
     """Model FLOPs a ``unimodal train`` run spent: the forward and backward of its own training step, counted by
     torch's FLOP counter (``torch.utils.flop_counter``: every matmul and attention as executed, so the sparse
     head, the unpadded layers and the condition computed once for a sample's complementary rows count as they
@@ -126,14 +127,15 @@ def curve_point(spec: str) -> dict:
     folder = Path(path).expanduser()
     folder = folder if folder.is_dir() else folder.parent
     run = folder / Path(variant["run"]).name  # recipe runs live beside their recipe.json
-    if (run / "history.json").is_file() or not variant.get("train_flops"):
-        compute = training_flops(run, budget["data"])
-    else:  # a committed report without its runs: the count bench recipe recorded when it trained
+    if variant.get("train_flops"):  # counted by bench recipe when it trained: not counted again
+        from unimodal.training.train import TrainConfig
+
         ar = variant["overrides"].get("objective") == "ar"
         compute = {"flops": variant["train_flops"], "objective": "ar" if ar else "diffusion",
-                   "masking": None if ar else variant["overrides"].get("masking", "complementary")}
-    judged = {d: {"accuracy": f.get("accuracy"), "verdicts": f.get("verdicts")} for d, f in
-              variant.get("judged", {}).items()}
+                   "masking": None if ar else variant["overrides"].get("masking", TrainConfig.masking)}
+    else:  # a report written before bench recipe recorded the count: count it from the run
+        compute = training_flops(run, budget["data"])
+    judged = _judged(variant.get("judged", {}))
     judged_by = "recipe"
     if eval_part:
         ev = read_report(eval_part, "an eval.json of unimodal eval (or a folder holding one)", ("figures",),
@@ -145,8 +147,7 @@ def curve_point(spec: str) -> dict:
         if ev.get("model_hash") != own:
             raise InputError(f"{eval_part} judged the model {ev.get('model_hash')}, not {name}'s ({own}, "
                              f"{run / 'model'})")
-        judged = {d: {"accuracy": f.get("accuracy"), "verdicts": f.get("verdicts")}
-                  for d, f in ev["figures"].items() if d in judged}
+        judged = _judged({d: f for d, f in ev["figures"].items() if d in judged})
         judged_by = eval_part
     for figure in judged.values():
         verdicts = [v for v in figure.pop("verdicts") or [] if v is not None]
@@ -159,6 +160,11 @@ def curve_point(spec: str) -> dict:
             "minutes": (variant.get("step_seconds") or variant.get("seconds") or 0) / 60 or None,
             "judged": judged, "judged_by": judged_by, "probe": probe.get("accuracy"),
             "probe_shape": probe.get("by_class", {}).get("shape", {}).get("accuracy")}
+
+
+def _judged(figures: dict) -> dict:
+    """Each direction's accuracy and verdicts, from a recipe variant's or an eval report's figures."""
+    return {d: {"accuracy": f.get("accuracy"), "verdicts": f.get("verdicts")} for d, f in figures.items()}
 
 
 def _fit(points: list[dict], direction: str):
@@ -183,8 +189,8 @@ def _interpolated(points: list[dict], direction: str, flops: float) -> float | N
 def _crossing(fits: dict, points: list[dict]) -> dict | None:
     """Where the diffusion line meets the twin's (both fitted): the compute at which diffusion would read as well
     as its twin if both kept their measured slopes; None without two lines, ``never`` when the twin's line
-    climbs as fast or faster (or they would meet only beyond 1e30 FLOP). Lines in log compute pass 1.0 somewhere: past the accuracy either saturates at, the
-    crossing is a bound, not a forecast."""
+    climbs as fast or faster (or they would meet only beyond 1e30 FLOP). Lines in log compute pass 1.0 somewhere:
+    past the accuracy either saturates at, the crossing is a bound, not a forecast."""
     d, t = fits.get("diffusion"), fits.get("ar")
     if not d or not t:
         return None
@@ -207,9 +213,9 @@ def build_curve(specs: list[str]) -> dict:
         raise InputError("the points share no judged direction")
     by_objective = {o: sorted((p for p in points if p["objective"] == o), key=lambda p: p["flops"])
                     for o in ("diffusion", "ar")}
+    diffusion, twin = by_objective["diffusion"], by_objective["ar"]
     analysis = {}
     for d in directions:
-        diffusion, twin = by_objective["diffusion"], by_objective["ar"]
         fits = {o: _fit(ps, d) for o, ps in by_objective.items()}
         rows = []
         for t in twin:
@@ -225,7 +231,7 @@ def build_curve(specs: list[str]) -> dict:
         analysis[d] = {"fits": fits, "against_twin": rows, "crossing": _crossing(fits, points)}
     return {"points": points, "directions": directions, "analysis": analysis,
             "counted": "training FLOPs: torch.utils.flop_counter over the forward and backward of the run's own "
-                       "step (4 of its batches), x its steps"}
+                       f"step ({FLOP_SAMPLES} of its batches), x its steps"}
 
 
 def format_curve(curve: dict) -> str:
