@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from unimodal.core.figures import pyplot, save_figure
+
 _COLUMNS = (("direction", "{:<13}"), ("setting", "{:<10}"), ("use_cache", "{!s:<5}"), ("forward_passes", "{:>7.1f}"),
             ("tpf", "{:>6.2f}"), ("wall_s_per_sample", "{:>9.4f}"), ("peak_memory_bytes", "{:>8.1f}"),
             ("agreement", "{:>6.3f}"), ("quality", "{:>7}"), ("cache_speedup", "{:>6.2f}"),
@@ -61,11 +63,8 @@ def _example(key: str):
 def plot(report: dict, path: str | Path) -> Path:
     """Quality vs forward passes per sample (cached rows), one line per direction; log2 x axis. Judged quality
     (solid) where the direction has it, agreement with the all-steps output (dashed) otherwise."""
-    import matplotlib
+    plt = pyplot()
     import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for direction in report["directions"]:
@@ -85,10 +84,7 @@ def plot(report: dict, path: str | Path) -> Path:
     axis.set_title(f"sampler settings (seed {report['seed']}, {shared})", fontsize=9)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return Path(path)
+    return save_figure(figure, path, dpi=120)
 
 
 def save_report(report: dict, out: str | Path) -> tuple[Path, Path]:

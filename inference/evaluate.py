@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from unimodal.core.errors import InputError
+from unimodal.core.figures import pyplot, save_figure
 from unimodal.core.paths import model_hash, report_json  # noqa: F401  (model_hash re-exported: the reports' model hash)
 from unimodal.core.ranking import auroc, auroc_within
 from unimodal.core.readings import check_agreement
@@ -738,10 +739,7 @@ def plot_best_of(direction: str, curves: Mapping[str, Sequence[dict]], path: Pat
     """``best_of_<direction>.png``: judged accuracy of best-of-k (kept by agreement, one line per reading in
     ``curves``: reading -> curve) and of a perfect chooser (some draw of the k right) against the forward passes
     each k costs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, axis = plt.subplots(figsize=(5.5, 3.6), dpi=100)
     for reading, curve in curves.items():
@@ -758,10 +756,7 @@ def plot_best_of(direction: str, curves: Mapping[str, Sequence[dict]], path: Pat
     axis.set_title(f"{direction}: every draw judged", fontsize=10)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8, loc="lower right")
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path, dpi=None)
 
 
 def _save_clips(results: Sequence, stem: Path) -> list[Path]:

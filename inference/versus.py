@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from unimodal.inference.evaluate import (EvalCase, Judges, eval_requests, paired_difference, parse_direction,
                                 score_direction, summarize, verdicts_of)
 from unimodal.core.errors import InputError
+from unimodal.core.figures import pyplot, save_figure
 
 DEFAULT_DIRECTIONS = ("text->image", "image->text", "text->audio")
 DEFAULT_SWEEP = ({"mode": "confidence", "steps": 4}, {"mode": "confidence", "steps": 8},
@@ -142,10 +143,7 @@ def format_table(report: dict) -> str:
 
 def plot(report: dict, path) -> str:
     """Quality vs forward passes per sample: the diffusion sweep as a line per direction, the twin as a star."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for index, direction in enumerate(report["directions"]):
@@ -164,10 +162,7 @@ def plot(report: dict, path) -> str:
     axis.legend(fontsize=7)
     axis.set_title(f"diffusion sampler sweep vs autoregressive twin\n({_temperature_words(report['temperature'])}, "
                    f"batch {report['batch_size']}, {report['n']} cases)", fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return str(path)
+    return str(save_figure(figure, path, dpi=120))
 
 
 def _interval(difference: dict | None) -> str:

@@ -36,6 +36,7 @@ from unimodal.training.schedule import MaskSchedule
 from unimodal.training.tasks import DEFAULT_TASK_WEIGHTS, ExampleBatch, TaskMixture, build_example, collate_examples
 from unimodal.training.tokens import MAX_AUDIO_SECONDS
 from unimodal.core.errors import DataError, InputError
+from unimodal.core.figures import pyplot, save_figure
 from unimodal.core.paths import atomic_write, model_hash, user_path
 from unimodal.training.data.sources import data_kind, dataset_names, resolve_weighted, weighted
 from unimodal.core.int8 import load_pretrained
@@ -416,10 +417,7 @@ def validation_losses(model, layout, tokens: list[dict], mixture: TaskMixture, c
 def plot_history(history: list[dict], path: Path, objective: str = "diffusion") -> bool:
     """Validation loss per task against steps, as a PNG. False when matplotlib is missing."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return False
     rows = [h for h in history if h.get("val")]
@@ -434,9 +432,7 @@ def plot_history(history: list[dict], path: Path, objective: str = "diffusion") 
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

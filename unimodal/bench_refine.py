@@ -32,6 +32,7 @@ import numpy as np
 from unimodal.inference.critique import agreement_score, confidence_scores, make_draft, sample_score
 from unimodal.inference.evaluate import EvalCase, Judges, caption_correct, judge_image, paired_difference, verdicts_of
 from unimodal.core.errors import InputError
+from unimodal.core.figures import pyplot, save_figure
 from unimodal.core.ranking import auroc, auroc_interval
 from unimodal.core.seeds import derived_seed
 
@@ -642,10 +643,7 @@ def plot_refine(reports: Sequence[dict], path) -> Path:
     """Judged accuracy against mean forward passes per picture: no refine, every refine run round by round (one
     line per critic and evaluator), best-of-N per selector, and the share where any of N pictures is right (the
     best a selector could do). Several reports of the same cases and seeds go on one figure."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, axis = plt.subplots(figsize=(7.5, 4.8))
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -694,11 +692,7 @@ def plot_refine(reports: Sequence[dict], path) -> Path:
     axis.set_title(f"{direction}, n={reports[0]['n']} {split} {inputs}, seed {reports[0]['seed']}", fontsize=10)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
-    figure.tight_layout()
-    path = Path(path)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def is_mistakes_report(report) -> bool:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from unimodal.training.train import OBJECTIVES  # masked diffusion, then its autoregressive twin
 from unimodal.core.paths import report_json
+from unimodal.core.figures import pyplot, save_figure
 
 
 @dataclass
@@ -112,10 +113,7 @@ def held_out_losses(cfg: EfficiencyConfig, runs: dict[str, Path]) -> dict:
 
 
 def plot(report: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for objective, style in zip(OBJECTIVES, ("-", "--")):
@@ -137,10 +135,7 @@ def plot(report: dict, path: Path) -> Path:
     axes[2].set_ylim(-0.02, 1.02)
     figure.suptitle(f"{report['config']['subset']} {report['config']['data']} samples repeated, preset "
                     f"{report['config']['preset']}", fontsize=11)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def run_data_efficiency(cfg: EfficiencyConfig, codec_dir: str | Path, out: str | Path, progress: bool = True) -> dict:

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from unimodal.core.errors import InputError
+from unimodal.core.figures import pyplot, save_figure
 
 CURVE_FILE, FIGURE_FILE = "curve.json", "curve.png"
 Z95 = 1.959964
@@ -279,10 +280,7 @@ def format_curve(curve: dict) -> str:
 def plot_curve(curve: dict, path) -> Path:
     """Accuracy against model FLOPs (log scale), one panel per direction, each objective's runs with their 95%
     Wilson intervals and its least-squares line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import FuncFormatter, LogLocator
 
     directions = curve["directions"]
@@ -317,11 +315,7 @@ def plot_curve(curve: dict, path) -> Path:
         axis.set_title(d)
         axis.grid(alpha=0.3)
         axis.legend(loc="best", fontsize=8)
-    figure.tight_layout()
-    path = Path(path)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def _cmd_recipe_curve(args) -> int:
