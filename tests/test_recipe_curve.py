@@ -91,6 +91,9 @@ def test_the_curve_reads_each_objective_in_log_compute(tiny_codec_dir, tiny_scen
     flops["d3"] = 1e12
     with pytest.raises(InputError, match="same task mixture"):
         build_curve([f"{small}:d1", f"{other}:d3"])
+    with pytest.raises(InputError, match="are the same run"):  # its folder and its recipe.json name one run
+        build_curve([f"{small}:d1", f"{small.parent}:d1", f"{large}:d2"])
+    assert "source" not in curve["points"][0]  # the absolute path that told runs apart stays out of the report
     monkeypatch.undo()  # a report that recorded its count draws without its runs (none exist here)
     report = json.loads(small.read_text())
     for name, value in (("d1", 1e12), ("a1", 1e12 * 10 ** 0.5)):

@@ -126,7 +126,8 @@ def curve_point(spec: str) -> dict:
         raise InputError(f"{path} has no variant {name!r}; it holds {sorted(variants) or 'none'}")
     variant, budget = variants[name], report["budget"]
     folder = Path(path).expanduser()
-    folder = folder if folder.is_dir() else folder.parent
+    source = (folder / "recipe.json" if folder.is_dir() else folder).resolve()
+    folder = source.parent
     run = folder / Path(variant["run"]).name  # recipe runs live beside their recipe.json
     if variant.get("train_flops"):  # counted by bench recipe when it trained: not counted again
         from unimodal.training.train import TrainConfig
@@ -155,7 +156,7 @@ def curve_point(spec: str) -> dict:
         figure["n"], figure["right"] = len(verdicts), int(sum(verdicts))
         figure["ci95"] = list(wilson_interval(figure["right"], figure["n"]))
     probe = variant.get("probe") or {}
-    return {"spec": spec, "variant": name, "objective": compute["objective"], "masking": compute["masking"],
+    return {"spec": spec, "source": f"{source}:{name}", "variant": name, "objective": compute["objective"], "masking": compute["masking"],
             "steps": budget["steps"], "batch_size": budget["batch_size"], "data": budget["data"],
             "tasks": variant["overrides"].get("task_weights", budget["tasks"]), "flops": compute["flops"],
             "minutes": (variant.get("step_seconds") or variant.get("seconds") or 0) / 60 or None,
@@ -205,6 +206,12 @@ def _crossing(fits: dict, points: list[dict]) -> dict | None:
 
 def build_curve(specs: list[str]) -> dict:
     points = [curve_point(s) for s in specs]
+    seen = {}
+    for p in points:  # one run given twice would count twice in its objective's fit
+        source = p.pop("source")  # an absolute path: not for the report
+        if source in seen:
+            raise InputError(f"{seen[source]} and {p['spec']} are the same run; give each run once")
+        seen[source] = p["spec"]
     mixtures = {json.dumps(p["tasks"], sort_keys=True) for p in points}
     if len(mixtures) > 1 or len({p["data"] for p in points}) > 1:
         raise InputError("the points of one curve train the same task mixture on the same data; got "
