@@ -276,13 +276,25 @@ def add_recipe_command(bench) -> None:
                         help="a variant: its name, then training settings it changes, e.g. --variant first "
                              "loss_norm=maskable sparse_head=false (repeat for more; objective=ar: the AR twin; "
                              "codecs=FOLDER: its own codec folder)")
+    budget_help = {"data": "the data every variant trains on and is judged on: scenes, digits or a built folder",
+                   "preset": "backbone size preset every variant trains (see `unimodal train --help`)",
+                   "steps": "training steps of every variant (one that sets steps=... leaves the shared budget)",
+                   "batch_size": "samples a step, every variant (one that sets batch_size=... leaves the shared "
+                                 "budget)",
+                   "eval_n": "test cases judged per direction (a Wilson interval of 64 cases is about +-0.12)",
+                   "seed": "the seed of every variant's initialisation and batches, and of the sampling it is judged by",
+                   "lr": "peak learning rate, every variant (lr=... in a variant overrides it)"}
     for name in ("data", "preset"):
-        recipe.add_argument(f"--{name}", default=getattr(RecipeBudget, name))
+        recipe.add_argument(f"--{name}", default=getattr(RecipeBudget, name),
+                            help=f"{budget_help[name]} (default {getattr(RecipeBudget, name)})")
     for name in ("steps", "batch_size", "eval_n", "seed"):
-        recipe.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(RecipeBudget, name))
-    recipe.add_argument("--lr", type=float, default=RecipeBudget.lr)
+        recipe.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(RecipeBudget, name),
+                            help=f"{budget_help[name]} (default {getattr(RecipeBudget, name)})")
+    recipe.add_argument("--lr", type=float, default=RecipeBudget.lr,
+                        help=f"{budget_help['lr']} (default {RecipeBudget.lr})")
     recipe.add_argument("--codecs", default=None, help="codec folder (default: the package's shipped codecs)")
-    recipe.add_argument("--out", required=True, help="folder for the runs and recipe.json (resumable)")
+    recipe.add_argument("--out", required=True, help="folder for the runs and recipe.json; the same command again resumes: each variant "
+                                                "from its last checkpoint (every 100 steps), a judged one not again")
     recipe.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's choice, every core; give 1 to each of two runs "
                              "sharing two cores: with both on every core each step ran ~7x slower)")
