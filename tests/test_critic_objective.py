@@ -242,7 +242,9 @@ def test_a_run_with_the_critic_writes_a_folder_whose_learned_critic_works(tiny_c
                  lambda: old.refine(result, text=prompt, critic="learned")):
         with pytest.raises(SettingError, match="never trained.*--critic-weight.*--critic-only.*merge-models"):
             call()
-    old.critique(result, text=prompt, critic="confidence")  # the training-free critic still works
+    confidence = old.critique(result, text=prompt, critic="confidence")  # the training-free critic still works
+    assert len(confidence.scores["image"]) == len(result.token_ids["image"])
+    assert all(0 <= s <= 1 for s in confidence.scores["image"])
 
 
 def test_bench_refine_measures_critics_on_the_models_own_mistakes(tiny_codec_dir, tmp_path, capsys):
@@ -270,11 +272,20 @@ def test_bench_refine_measures_critics_on_the_models_own_mistakes(tiny_codec_dir
     # every case's scores and labels are kept, so two reports of the same cases pair critic by critic
     assert len(report["cases"]) == 2 and all(len(c["wrong"]) == 32 == len(c["scores"]["content"])
                                              for c in report["cases"])
-    code, out, err = run("bench", "compare", tmp_path / "mistakes", tmp_path / "mistakes" / "bench_refine.json")
+    code, out, err = run("bench", "compare", tmp_path / "mistakes", tmp_path / "mistakes" / "bench_refine.json",
+                         "--out", tmp_path / "self.json")
     assert code == 0, err
     assert "paired difference" in out and "content" in out and "reference model" in out
-    # the same model judged twice: where a difference can be computed it is exactly zero
-    reseeded = dict(report, seed=1)
+    # a report against itself: each critic's two AUROCs equal, and where a difference can be computed it is
+    # exactly zero, its interval too (the resampled cases are the same for both sides)
+    compared = json.loads((tmp_path / "self.json").read_text())["critics"]
+    assert sorted(compared) == ["confidence", "content", "random"]
+    for critic, row in compared.items():
+        assert row["reference"] == row["candidate"], critic
+        assert row["difference"] is None or (row["difference"]["mean"] == 0
+                                             and row["difference"]["ci95"] == [0, 0]), critic
+    assert any(row["difference"] is not None for row in compared.values())
+    reseeded = dict(report, seed=1)  # other cases (another seed) are refused
     (tmp_path / "reseeded.json").write_text(json.dumps(reseeded))
     code, out, err = run("bench", "compare", tmp_path / "mistakes", tmp_path / "reseeded.json")
     assert code != 0 and "seed" in err and "Traceback" not in err

@@ -1,5 +1,6 @@
 """unimodal eval and bench versus-ar: the metric functions on hand-made cases, then the commands end to end."""
 
+import dataclasses
 import json
 from pathlib import Path
 import re
@@ -55,7 +56,11 @@ def test_a_judged_correct_image_counts_and_a_wrong_colour_does_not(judges):
 def test_digit_and_caption_judgements(judges):
     digits, _ = load_cases("digits", "test", 3, speech=False)
     for case in digits:
-        assert judge_image(case, case.image, digit_judge=judges.digit)["correct"] in (True, False)
+        # the judge reads the test split's own digits right (these three among them), and the same picture
+        # under another digit's truth as wrong
+        assert judge_image(case, case.image, digit_judge=judges.digit) == {"correct": True}
+        other = dataclasses.replace(case, truth=(case.truth + 1) % 10)
+        assert judge_image(other, case.image, digit_judge=judges.digit) == {"correct": False}
         assert caption_correct(case, case.text) is True
         assert caption_correct(case, "the digit " + ("one" if case.truth != 1 else "two")) is False
     scene = _single_object_case()

@@ -95,11 +95,21 @@ def test_refine_answers_the_result_its_trace_and_files(answers):
     assert caption["trace"]["caption_recipe"] is True and caption["trace"]["thresholds"] == {"text": 0.9}
 
 
-def test_edit_changes_only_its_box(answers):
+def test_edit_changes_only_its_box(answers, tiny_caption_model_dir):
+    from unimodal import UniModal
+    from unimodal.core.media import load_image
+
     responses, tmp = answers
     edit = responses["edit"]["result"]
     assert edit["files"] == {"image": str((tmp / "edited.png").resolve())}
     assert edit["settings"]["edit"]["tokens_remasked"] == {"image": 4}  # 16x16 pixels: 2x2 codes of 8x8
+    codec = UniModal.from_pretrained(tiny_caption_model_dir).image_codec
+    source = codec.encode(load_image(tmp / "red.png")[None])[0].tolist()  # the codes the server read
+    edited = edit["token_ids"]["image"]
+    cols = codec.image_size // 8
+    box = {r * cols + c for r in range(2) for c in range(2)}  # the top-left 2x2 codes
+    assert len(edited) == len(source) == cols * cols
+    assert [e for i, e in enumerate(edited) if i not in box] == [s for i, s in enumerate(source) if i not in box]
 
 
 def test_an_instructed_edit_answers_its_result_plan_and_verdict(answers):

@@ -392,12 +392,11 @@ def test_compiled_forward_builds_and_matches_the_eager_forward():
     there on an UnboundLocalError, and fell back to an eager run) and compute what the eager forward computes.
     Traced by dynamo with the "eager" backend: the graph capture the GPU run relies on, without a minute of
     C++ code generation on the CPU."""
-    from conftest import mixed_batch, toy_layout
+    from conftest import mixed_batch, random_tiny_dit, toy_layout
     from unimodal.training.train import CompiledForward
 
     layout = toy_layout()
-    torch.manual_seed(0)
-    model = DiT.from_preset("tiny", layout.vocab_size).eval()
+    model = random_tiny_dit(layout.vocab_size)  # off adaLN-Zero's identity blocks, so the blocks are compared too
     batch = mixed_batch(layout)
     b = batch.batch
     args = (b.ids, torch.full((b.ids.shape[0],), 0.5), b.segment_ids, b.positions, batch.is_target, b.attention_mask)

@@ -29,13 +29,29 @@ def test_stft_loss_is_zero_for_identical_signals_and_grows_with_noise():
     assert stft_loss(noisy, clean).item() > stft_loss(clean + 0.01 * (noisy - clean), clean).item() > 0
 
 
-def test_train_resume_attach_and_decode(tiny_codec_dir, tmp_path):
-    cfg = VocoderTrainConfig(steps=2, batch_size=2, segment_frames=16, pool_size=3, checkpoint_every=1, bf16=False,
+def test_train_resume_attach_and_decode(tiny_codec_dir, tmp_path, monkeypatch):
+    import unimodal.training.vocoder as tv
+
+    cfg = VocoderTrainConfig(steps=3, batch_size=2, segment_frames=16, pool_size=3, checkpoint_every=1, bf16=False,
                              model=dict(TINY))
-    trained = train_vocoder(tiny_codec_dir / "audio", tmp_path / "run", cfg, progress=False)
-    resumed = train_vocoder(tiny_codec_dir / "audio", tmp_path / "run", VocoderTrainConfig(steps=3, **{
+    straight = train_vocoder(tiny_codec_dir / "audio", tmp_path / "straight", cfg, progress=False)
+    real_batch = tv.training_batch
+
+    def dies_at_step_2(c, step, *args):
+        if step == 2:
+            raise KeyboardInterrupt  # killed after the step-2 checkpoint
+        return real_batch(c, step, *args)
+
+    monkeypatch.setattr(tv, "training_batch", dies_at_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        train_vocoder(tiny_codec_dir / "audio", tmp_path / "run", cfg, progress=False)
+    monkeypatch.undo()
+    resumed = train_vocoder(tiny_codec_dir / "audio", tmp_path / "run", cfg, resume=True, progress=False)
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name  # the killed run, resumed, is the run that was never stopped
+    longer = train_vocoder(tiny_codec_dir / "audio", tmp_path / "run", VocoderTrainConfig(steps=4, **{
         k: v for k, v in cfg.__dict__.items() if k != "steps"}), resume=True, progress=False)
-    assert not torch.equal(trained.stem.weight, resumed.stem.weight)  # one more step happened
+    assert not torch.equal(resumed.stem.weight, longer.stem.weight)  # a longer run resumes with one more step
     codec_dir = tmp_path / "audio"
     shutil.copytree(tiny_codec_dir / "audio", codec_dir)
     attach_vocoder(codec_dir, tmp_path / "run" / "vocoder")
@@ -58,7 +74,10 @@ def test_the_pipeline_carries_the_vocoder(tiny_codec_dir, tmp_path):
     pipe = UniModal.from_pretrained(write_tiny_model(codecs, tmp_path / "model"))
     assert pipe.vocoder is not None and pipe.audio_codec.vocoder is pipe.vocoder
     result = pipe.generate(text="a red circle", to="audio", steps=2, seed=0)
-    assert result.audio.ndim == 1
+    ids = [torch.tensor(result.token_ids["audio"])]
+    vocoded, griffin_lim = pipe.audio_codec.decode(ids)[0], pipe.audio_codec.decode(ids, vocoder=False)[0]
+    assert result.audio.ndim == 1 and np.allclose(result.audio, vocoded, atol=1e-5)  # spoken through the vocoder
+    assert not np.allclose(vocoded, griffin_lim)
     pipe.save_pretrained(tmp_path / "saved")
     assert UniModal.from_pretrained(tmp_path / "saved").vocoder is not None
 
