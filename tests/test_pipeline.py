@@ -284,7 +284,7 @@ def test_plan_in_text_writes_the_text_then_the_rest_guided_by_it(pipe, monkeypat
     assert heard.settings["text_stage"]["text"] == read.text and heard.settings["text_stage"]["temperature"] == 0.0
     assert heard.settings["inputs"] == ["audio"] and heard.settings["to"] == ["image"]
     assert [targets for (targets, _), in stages[:2]] == [["text"], ["image"]]
-    assert set(stages[1][0][1]) == {"audio", "text"} or not read.text.strip()
+    assert read.text.strip() and set(stages[1][0][1]) == {"audio", "text"}  # the image stage reads the clip and the text
     hot = pipe.generate(audio=speech(), to="image", seed=1, temperature=1.0, choice_temperature=2.0, plan="text",
                        **FAST)
     assert hot.settings["text_stage"]["text"] == read.text and hot.settings["temperature"] == 1.0  # outputs' only
@@ -561,10 +561,10 @@ def test_accept_confidence_keeps_a_sure_first_draw_and_draws_the_rest_otherwise(
     assert sure.token_ids == first.token_ids and sure.forward_passes == first.forward_passes + calls == first.forward_passes + 4
     unsure = pipe.generate(text="a red circle", to="image", steps=4, seed=5, candidates=3, accept_confidence=0.0)
     all_drawn = pipe.generate(text="a red circle", to="image", steps=4, seed=5, candidates=3)
-    if score < 0.0:  # a score of exactly 0 (every token certain) would be accepted at 0 as well
-        assert unsure.settings["candidates"]["drawn"] == 3 and unsure.token_ids == all_drawn.token_ids
-        assert unsure.settings["candidates"]["kept"] == all_drawn.settings["candidates"]["kept"]
-        assert unsure.forward_passes == all_drawn.forward_passes + 4  # the first draw's score was read too
+    assert score < 0.0  # the random model is sure of no draw (a score of 0 would be accepted at 0 as well)
+    assert unsure.settings["candidates"]["drawn"] == 3 and unsure.token_ids == all_drawn.token_ids
+    assert unsure.settings["candidates"]["kept"] == all_drawn.settings["candidates"]["kept"]
+    assert unsure.forward_passes == all_drawn.forward_passes + 4  # the first draw's score was read too
     for bad in (0.5, float("nan"), "high", True):
         with pytest.raises(SettingError, match="accept_confidence must be a number <= 0"):
             pipe.generate(text="a red circle", to="image", candidates=2, accept_confidence=bad)
@@ -593,13 +593,14 @@ def test_accept_agreement_draws_one_at_a_time_until_a_draw_reads_back_as_asked(p
     assert chosen["agreement"] == pytest.approx(scores[:stop + 1], abs=1e-5)
     assert until.token_ids == singles[stop].token_ids
     assert until.forward_passes == sum(d.forward_passes + calls for d, (_, calls) in zip(singles[:stop + 1], reads))
+    assert max(scores) + 1e-3 <= 0  # the random model reads no draw back as certain: a bar above them all exists
     never = pipe.generate(**prompt, to="image", steps=4, seed=5, candidates=3, agreement="each",
-                          accept_agreement=max(scores) + 1e-3) if max(scores) + 1e-3 <= 0 else None
-    if never is not None:  # a bar no draw reaches: all drawn, the best kept, as always drawing all keeps it
-        every = pipe.generate(**prompt, to="image", steps=4, seed=5, candidates=3, agreement="each")
-        assert never.settings["candidates"]["drawn"] == 3 and not never.settings["candidates"]["accepted"]
-        assert never.token_ids == every.token_ids
-        assert never.settings["candidates"]["kept"] == every.settings["candidates"]["kept"]
+                          accept_agreement=max(scores) + 1e-3)
+    every = pipe.generate(**prompt, to="image", steps=4, seed=5, candidates=3, agreement="each")
+    # a bar no draw reaches: all drawn, the best kept, as always drawing all keeps it
+    assert never.settings["candidates"]["drawn"] == 3 and not never.settings["candidates"]["accepted"]
+    assert never.token_ids == every.token_ids
+    assert never.settings["candidates"]["kept"] == every.settings["candidates"]["kept"]
     for bad in (0.5, float("nan"), "high", True):
         with pytest.raises(SettingError, match="accept_agreement must be a number <= 0"):
             pipe.generate(**prompt, to="image", candidates=2, accept_agreement=bad)
