@@ -390,10 +390,11 @@ def test_bad_inputs_raise_input_error(model):
         dict(t=torch.tensor([0.5])),
         dict(t=torch.tensor([0.5, 1.5])),
     ]
-    for bad in bad_cases:
-        with pytest.raises(InputError):
+    for bad in bad_cases:  # each refused by a message that begins with the input it names
+        (name,) = bad
+        with pytest.raises(InputError, match=f"^{name} (must|is)"):
             model(**{**inputs, **bad})
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="^attention_mask must be a bool tensor"):
         model(**inputs, attention_mask=torch.ones(2, 12))
 
 

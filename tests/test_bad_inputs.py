@@ -379,11 +379,14 @@ def test_the_checks_mirror_the_samplers_choices():
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=40), st.binary(max_size=40))
 def test_any_text_is_accepted_or_refused_by_cause(text, raw):
-    for value in (text, raw):
-        try:
-            assert isinstance(checks.check_text(value), str)
-        except TextEncodingError:
-            pass
+    assert checks.check_text(text) == text  # hypothesis's text has no lone surrogates: every one is accepted whole
+    try:
+        decoded = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        with pytest.raises(TextEncodingError, match="not UTF-8"):
+            checks.check_text(raw)
+    else:
+        assert checks.check_text(raw) == decoded
 
 
 @settings(max_examples=200, deadline=None)
@@ -393,9 +396,14 @@ def test_any_text_is_accepted_or_refused_by_cause(text, raw):
                        max_size=5))
 def test_any_request_is_checked_or_refused_with_a_unimodal_error(request):
     try:
-        checks.check_request(request)
-    except UnimodalError:
-        pass
+        checked = checks.check_request(request)
+    except UnimodalError as error:
+        assert str(error)  # refused with a message, never a bare error
+        return
+    # accepted: only keys a generate request has, its targets canonical and none of them also an input
+    assert not set(request) - set(checks.GENERATE_KEYS)
+    assert checked.to and checked.to == [m for m in ("text", "image", "audio") if m in checked.to]
+    assert not set(checked.to) & set(checked.inputs)
 
 
 # ---- training data: `unimodal train --data` refuses what it cannot train on, in one line -----------------------
