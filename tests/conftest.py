@@ -1,3 +1,4 @@
+import json
 import os
 import signal
 import socket
@@ -158,3 +159,29 @@ def mixed_batch(layout, seed=0):
               "audio": torch.from_numpy(rng.integers(0, 12, 5))}
     tasks = ["text->image", "image->text", "text->audio", "->text+image+audio"]
     return collate_examples([build_example(layout, tokens, Task.parse(t)) for t in tasks])
+
+
+def assert_output_file(path, empty_audio: bool = False) -> None:
+    """A written output is what its suffix says, whole: a 64x64 RGB picture, a finite mono 16 kHz clip (of some
+    length unless ``empty_audio``: a random model may end a clip before it starts), UTF-8 text or JSON."""
+    from pathlib import Path
+
+    import numpy as np
+    import soundfile as sf
+    from PIL import Image
+
+    path = Path(path)
+    assert path.is_file(), path
+    if path.suffix == ".png":
+        with Image.open(path) as image:
+            assert image.size == (64, 64) and image.mode == "RGB", (path, image.size, image.mode)
+    elif path.suffix == ".wav":
+        audio, rate = sf.read(path, dtype="float32")
+        assert rate == 16_000 and audio.ndim == 1 and np.isfinite(audio).all(), path
+        assert empty_audio or len(audio) > 0, f"{path} holds no sound"
+    elif path.suffix in (".txt", ".json"):
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".json":
+            json.loads(text)
+    else:
+        raise AssertionError(f"no check for {path}")

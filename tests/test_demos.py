@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+
+from conftest import assert_output_file
 
 
 @pytest.fixture
@@ -19,7 +22,7 @@ def test_every_direction_writes_each_output(model_args, tmp_path):
     out = tmp_path / "out"
     for name in ("text_to_image.png", "text_to_audio.wav", "image_to_text.txt", "audio_to_text.txt",
                  "image_to_audio.wav", "audio_to_image.png", "joint/image.png", "joint/audio.wav", "joint/text.txt"):
-        assert (out / name).is_file(), name
+        assert_output_file(out / name, empty_audio=name == "joint/audio.wav")  # random joint speech may end at once
     assert set(summary["forward_passes"]) >= {"text_to_image", "audio_to_text", "joint"}
 
 
@@ -30,8 +33,15 @@ def test_batch_prompts_writes_the_sample_file_and_one_entry_per_prompt(model_arg
     out = tmp_path / "out"
     prompts = [line for line in SAMPLE.splitlines() if line and not line.startswith("#")]
     assert (out / "prompts.txt").read_text() == SAMPLE and len(index) == len(prompts)
-    assert all((out / "000.png").is_file() for _ in [0]) and (out / "002.wav").is_file()
     assert json.loads((out / "index.json").read_text()) == index
+    assert all(entry["files"] for entry in index)  # the sample's every prompt is one the model takes
+    kinds = set()
+    for number, entry in enumerate(index):
+        for name in entry["files"]:
+            assert Path(name).parent == out and Path(name).stem == f"{number:03d}", name
+            assert_output_file(name)
+            kinds.add(Path(name).suffix)
+    assert kinds == {".png", ".wav"}  # the sample asks for pictures and speech
 
 
 def test_batch_prompts_reports_a_refused_request_and_runs_the_rest(model_args, tmp_path):
