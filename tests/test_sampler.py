@@ -322,8 +322,7 @@ def test_model_and_layout_must_share_the_vocabulary():
 
 
 def test_choice_temperature_changes_the_order_not_the_schedule(model):
-    """Gumbel noise on the commit order (MaskGIT): same commits per step, other slots first, reproducible,
-    and at the last step (annealed to 0) the order is by confidence again."""
+    """Gumbel noise on the commit order (MaskGIT): same commits per step, other slots first, reproducible."""
     request = Request([text(3, 4)], ["image"])
     greedy, = generate(model, LAYOUT, request, SamplerConfig(steps=8, seed=1))
     noisy, = generate(model, LAYOUT, request, SamplerConfig(steps=8, seed=1, choice_temperature=50.0))
