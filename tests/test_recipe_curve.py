@@ -7,7 +7,7 @@ import pytest
 
 from unimodal.core.errors import InputError
 from unimodal.core.paths import model_hash
-from unimodal.recipe_curve import build_curve, training_flops, wilson_interval
+from unimodal.recipe_curve import build_curve, format_curve, training_flops, wilson_interval
 from unimodal.training.train import TrainConfig, train
 
 TASKS = {"text->image": 1.0, "image->text": 1.0}
@@ -21,13 +21,14 @@ def _run(folder, tiny_codec_dir, tiny_scenes, **kw):
 
 
 def _recipe(folder, data, steps, variants):
-    """A recipe.json beside its runs, as bench recipe leaves it (judged verdicts given)."""
+    """A recipe.json beside its runs, as bench recipe leaves it (judged verdicts given): each variant (overrides,
+    verdicts by direction[, validation loss at its end by direction])."""
     report = {"budget": {"data": data, "preset": "tiny", "steps": steps, "batch_size": 4, "lr": 1e-3, "tasks": TASKS,
                          "eval_n": 10, "seed": 0},
-              "variants": {name: {"overrides": overrides, "run": f"{folder.name}/{name}", "seconds": 60.0,
-                                  "judged": {d: {"accuracy": sum(v) / len(v), "verdicts": v} for d, v in judged.items()},
-                                  "probe": {}}
-                           for name, (overrides, judged) in variants.items()}}
+              "variants": {name: {"overrides": spec[0], "run": f"{folder.name}/{name}", "seconds": 60.0,
+                                  "judged": {d: {"accuracy": sum(v) / len(v), "verdicts": v} for d, v in spec[1].items()},
+                                  "probe": {}, "val": spec[2] if len(spec) > 2 else {}}
+                           for name, spec in variants.items()}}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "recipe.json").write_text(json.dumps(report))
     return folder / "recipe.json"
@@ -64,10 +65,13 @@ def test_the_curve_reads_each_objective_in_log_compute(tiny_codec_dir, tiny_scen
         "flops": flops[run.name], "objective": "ar" if run.name.startswith("a") else "diffusion",
         "masking": None if run.name.startswith("a") else "complementary"})
     right = lambda k: [1] * k + [0] * (10 - k)  # noqa: E731
-    small = _recipe(tmp_path / "small", "scenes", 600, {"d1": ({}, {"text->image": right(1), "image->text": right(2)}),
+    small = _recipe(tmp_path / "small", "scenes", 600, {"d1": ({}, {"text->image": right(1), "image->text": right(2)},
+                                                               {"image->text": 0.6}),
                                                          "a1": ({"objective": "ar"}, {"text->image": right(3),
-                                                                                      "image->text": right(7)})})
-    large = _recipe(tmp_path / "large", "scenes", 1200, {"d2": ({}, {"text->image": right(3), "image->text": right(4)})})
+                                                                                      "image->text": right(7)},
+                                                                {"image->text": 0.3})})
+    large = _recipe(tmp_path / "large", "scenes", 1200, {"d2": ({}, {"text->image": right(3), "image->text": right(4)},
+                                                                {"image->text": 0.5})})
     curve = build_curve([f"{small}:d1", f"{small.parent}:a1", f"{large}:d2"])
     reading = curve["analysis"]["image->text"]
     assert reading["fits"]["diffusion"]["per_tenfold"] == pytest.approx(0.2)  # 0.2 -> 0.4 over a tenfold
@@ -81,8 +85,18 @@ def test_the_curve_reads_each_objective_in_log_compute(tiny_codec_dir, tiny_scen
     assert point["judged"]["image->text"]["ci95"] == pytest.approx(list(wilson_interval(7, 10)))
     flops["a2"] = 1e13  # a second twin run: reading 0.7 -> 0.8 over half a decade, a line 0.2 a decade
     more = _recipe(tmp_path / "more", "scenes", 2400, {"a2": ({"objective": "ar"}, {"text->image": right(3),
-                                                                                   "image->text": right(8)})})
+                                                                                   "image->text": right(8)},
+                                                              {"image->text": 0.5})})
     curve = build_curve([f"{small}:d1", f"{small}:a1", f"{large}:d2", f"{more}:a2"])
+    # the validation loss each run ended with: diffusion's falls, the twin's rises (it repeats its data past what it
+    # generalises from); a direction without the figure has none
+    assert curve["analysis"]["image->text"]["validation"] == {
+        "diffusion": {"ended": [[600, 0.6], [1200, 0.5]], "rises": False},
+        "ar": {"ended": [[600, 0.3], [2400, 0.5]], "rises": True}}
+    assert curve["analysis"]["text->image"]["validation"] == {}
+    table = format_curve(curve)
+    assert "image->text: ar validation loss at each run's end (steps): 0.300 (600), 0.500 (2400); it rises" in table
+    assert "image->text: diffusion validation loss at each run's end (steps): 0.600 (600), 0.500 (1200)\n" in table
     assert curve["analysis"]["image->text"]["crossing"] == {"never": True}  # both climb 0.2 a decade
     crossing = curve["analysis"]["text->image"]["crossing"]  # diffusion 0.2 a decade, the twin flat at 0.3
     assert not crossing["never"] and crossing["flops"] == pytest.approx(1e13) and crossing["accuracy"] == pytest.approx(0.3)

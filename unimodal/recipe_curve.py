@@ -161,6 +161,8 @@ def curve_point(spec: str) -> dict:
             "tasks": variant["overrides"].get("task_weights", budget["tasks"]), "flops": compute["flops"],
             "minutes": (variant.get("step_seconds") or variant.get("seconds") or 0) / 60 or None,
             "judged": judged, "judged_by": judged_by, "probe": probe.get("accuracy"),
+            # the validation loss the run ended with, per judged direction (its objective's own loss)
+            "val": {d: (variant.get("val") or {}).get(d) for d in judged},
             "probe_shape": probe.get("by_class", {}).get("shape", {}).get("accuracy")}
 
 
@@ -204,6 +206,19 @@ def _crossing(fits: dict, points: list[dict]) -> dict | None:
             "extrapolated": 10 ** log_flops > max(p["flops"] for p in points) * (1 + 1e-9)}
 
 
+def _validation(by_objective: dict, direction: str) -> dict:
+    """Per objective, the validation loss each run ended with, by compute, and whether a run that trained longer
+    ended above one that trained less (``rises``: the repeated data is past what the model generalises from; each
+    objective's loss is its own, so they compare within an objective, not across)."""
+    out = {}
+    for objective, points in by_objective.items():
+        ended = [(p["steps"], p["val"].get(direction)) for p in points if p["val"].get(direction) is not None]
+        if ended:
+            out[objective] = {"ended": [list(e) for e in ended],
+                              "rises": any(later[1] > earlier[1] for earlier, later in zip(ended, ended[1:]))}
+    return out
+
+
 def build_curve(specs: list[str]) -> dict:
     points = [curve_point(s) for s in specs]
     seen = {}
@@ -236,7 +251,8 @@ def build_curve(specs: list[str]) -> dict:
                 row.update(diffusion_flops_to_match=needed, compute_ratio=needed / t["flops"],
                            extrapolated=needed > diffusion[-1]["flops"] * (1 + 1e-9))
             rows.append(row)
-        analysis[d] = {"fits": fits, "against_twin": rows, "crossing": _crossing(fits, points)}
+        analysis[d] = {"fits": fits, "against_twin": rows, "crossing": _crossing(fits, points),
+                       "validation": _validation(by_objective, d)}
     return {"points": points, "directions": directions, "analysis": analysis,
             "counted": "training FLOPs: torch.utils.flop_counter over the forward and backward of the run's own "
                        f"step ({FLOP_SAMPLES} of its batches), x its steps"}
@@ -262,6 +278,11 @@ def format_curve(curve: dict) -> str:
             if fit:
                 lines.append(f"{d}: {objective} {fit['per_tenfold']:+.3f} a tenfold compute (a line through "
                              f"{fit['points']} points)")
+        for objective, val in a.get("validation", {}).items():
+            ended = ", ".join(f"{loss:.3f} ({steps})" for steps, loss in val["ended"])
+            lines.append(f"{d}: {objective} validation loss at each run's end (steps): {ended}"
+                         + ("; it rises with training: the runs repeat their data past what the model generalises "
+                            "from" if val["rises"] else ""))
         crossing = a.get("crossing")
         if crossing and crossing["never"]:
             lines.append(f"{d}: the lines do not cross: the twin's climbs as fast as diffusion's or faster")
