@@ -89,29 +89,29 @@ def test_codes_do_not_depend_on_the_batch(codec):
     assert torch.equal(alone, together)
 
 
-@pytest.mark.parametrize("bad", [
-    [np.zeros(1000, np.int16)],  # integers, not floats
-    [np.zeros((2, 1000), np.float32)],  # not mono
-    [np.zeros(0, np.float32)],  # empty
-    [np.full(1000, np.nan, np.float32)],
-    [],
-    "not audio",
-    ["not audio"],
+@pytest.mark.parametrize("bad, says", [
+    ([np.zeros(1000, np.int16)], r"clip 0 must hold floats .*divide int16"),  # integers, not floats
+    ([np.zeros((2, 1000), np.float32)], "clip 0 must be 1-D"),  # not mono
+    ([np.zeros(0, np.float32)], "clip 0 is empty"),
+    ([np.full(1000, np.nan, np.float32)], "clip 0 holds NaN or infinite"),
+    ([], "non-empty list .* got an empty list"),
+    ("not audio", "non-empty list .* got str"),
+    (["not audio"], "clip 0 must be a numpy array or tensor"),
 ])
-def test_encode_rejects_bad_input(codec, bad):
-    with pytest.raises(InputError):
+def test_encode_rejects_bad_input(codec, bad, says):
+    with pytest.raises(InputError, match=says):
         codec.encode(bad)
 
 
-@pytest.mark.parametrize("bad", [
-    [torch.tensor([0, 1, 32])],  # out of range (codebook of 32)
-    [torch.tensor([-1])],
-    [torch.tensor([0.5, 1.0])],  # floats
-    [torch.zeros(2, 3, dtype=torch.long)],  # not 1-D
-    "ids",
+@pytest.mark.parametrize("bad, says", [
+    ([torch.tensor([0, 1, 32])], r"must lie in \[0, 32\), got range \[0, 32\] in clip 0"),  # codebook of 32
+    ([torch.tensor([-1])], r"must lie in \[0, 32\), got range \[-1, -1\]"),
+    ([torch.tensor([0.5, 1.0])], "must be integers"),
+    ([torch.zeros(2, 3, dtype=torch.long)], "must be 1-D"),
+    ("ids", "must be a list of 1-D id tensors"),
 ])
-def test_decode_rejects_bad_ids(codec, bad):
-    with pytest.raises(InputError):
+def test_decode_rejects_bad_ids(codec, bad, says):
+    with pytest.raises(InputError, match=says):
         codec.decode(bad)
 
 
