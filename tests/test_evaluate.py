@@ -189,6 +189,8 @@ def test_eval_command_end_to_end_is_reproducible(caption_model, tmp_path, capsys
     second = json.loads((tmp_path / "b" / "eval.json").read_text())
     assert _same_but_time(first, second)
     assert first["model_hash"] == model_hash(caption_model) and first["settings"] == {"steps": 4}
+    from unimodal.core.provenance import code_version
+    assert first["code"] == code_version()  # which code measured it
     for name in ("grid_text_to_image.png", "grid_image_to_text.png", "grid_joint.png", "text_to_audio_0.wav"):
         assert (tmp_path / "a" / name).is_file(), name
     for direction, figure in first["figures"].items():  # per-case verdicts, for paired comparisons

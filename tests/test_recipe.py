@@ -620,3 +620,30 @@ def test_partition_masks_cover_each_target_slot_once_across_four_rows():
     loss, acc = step_loss(model, batch, MaskSchedule(), torch.Generator().manual_seed(0), spec, t=t)
     assert torch.isfinite(loss) and 0 <= float(acc) <= 1
     assert TrainConfig(masking="partition").loss_spec(layout).masking == "partition"
+
+
+def test_bench_recipe_trains_judges_and_probes_each_variant_once_and_names_the_code(tmp_path, monkeypatch):
+    """run_recipe's bookkeeping, with training and judging stubbed: each variant trained, judged on the directions
+    it trains and probed once, the report saved after each, the code that judged it named; the same command again
+    trains and judges nothing more."""
+    import unimodal.recipe as recipe
+    from unimodal.core.provenance import code_version
+
+    calls = []
+    monkeypatch.setattr(recipe, "train_variant", lambda budget, name, overrides, codec_dir, out, progress: (
+        calls.append(("train", name)) or {"run": str(out / name), "seconds": 1.0}))
+    monkeypatch.setattr(recipe, "judge_variant", lambda budget, run, progress, directions: (
+        calls.append(("judge", run.name, tuple(directions))) or {d: {"accuracy": 0.5} for d in directions}))
+    monkeypatch.setattr(recipe, "probe_variant", lambda budget, run, source: (
+        calls.append(("probe", run.name, source)) or {"accuracy": 0.25}))
+    variants = [("both", {}), ("read", {"task_weights": {"image->text": 1.0}})]
+    report = recipe.run_recipe(recipe.RecipeBudget(steps=4), variants, None, tmp_path, progress=False)
+    assert calls == [("train", "both"), ("judge", "both", ("text->image", "image->text")), ("probe", "both", "image"),
+                     ("train", "read"), ("judge", "read", ("image->text",)), ("probe", "read", "image")]
+    for name, overrides in variants:
+        row = report["variants"][name]
+        assert row["overrides"] == overrides and row["probe"] == {"accuracy": 0.25} and row["code"] == code_version()
+    assert json.loads((tmp_path / "recipe.json").read_text()) == report
+    calls.clear()
+    assert recipe.run_recipe(recipe.RecipeBudget(steps=4), variants, None, tmp_path, progress=False) == report
+    assert calls == []  # judged variants are not trained or judged again

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from unimodal.checks import AGREEMENTS, PLANS, SETTING_KEYS, check_settings
 from unimodal.checks_refine import CRITICS
 from unimodal.core.errors import InputError
+from unimodal.core.provenance import code_version
 
 def _settings(args) -> dict:
     """The sampler settings given on the command line (the seed is the evaluation's own, per request; ``--repair``
@@ -67,7 +67,7 @@ def _cmd_eval(args) -> int:
                       joint_n=args.joint_n, refine_rounds=args.refine_rounds, every_draw=args.every_draw,
                       repair=args.repair, refine_critic=args.refine_critic)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), data=args.data, split=args.split,
-                  n_per_data_set=args.n, joint_n=args.joint_n, notes=notes, voices=args.voices)
+                  n_per_data_set=args.n, joint_n=args.joint_n, notes=notes, voices=args.voices, code=code_version())
     print(format_table(report))
     spoken = f", spoken in the {args.voices} voices" if needs_speech else ""
     print(f"model {model_dir} (hash {report['model_hash']}), data {args.data}, split {args.split}{spoken}")
@@ -171,7 +171,7 @@ def _cmd_versus_ar(args) -> int:
     cases, notes = load_cases(args.data, "test", args.n, speech=any("audio" in d for d in directions))
     report = versus_ar(diffusion, twin, cases, directions, temperature=args.temperature, seed=args.seed,
                        batch_size=args.batch_size)
-    report.update(model=str(model_dir), model_hash=model_hash(model_dir), ar_model=str(ar_dir),
+    report.update(model=str(model_dir), model_hash=model_hash(model_dir), code=code_version(), ar_model=str(ar_dir),
                   ar_model_hash=model_hash(ar_dir), data=args.data, notes=notes)
     print(format_table(report))
     out = Path(args.out)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from unimodal.core.errors import InputError
 from unimodal.core.paths import report_json
+from unimodal.core.provenance import code_version
 
 DIRECTIONS = ("text->image", "image->text")  # what a budget trains by default, and the table's first columns
 # What a variant may train and be judged on: the two above, and hearing speech (issue 13's second reading bar: the
@@ -206,6 +207,7 @@ def run_recipe(budget: RecipeBudget, variants: list[tuple[str, dict]], codec_dir
             facts["judged"] = judge_variant(budget, Path(facts["run"]), progress, directions)
             # the probe reads captions: a variant that never learned to read or hear has none (an empty probe)
             facts["probe"] = probe_variant(budget, Path(facts["run"]), source) if source else {}
+            facts["code"] = code_version()  # the code that judged it (a long run keeps the code it started with)
             report["variants"][name] = {"overrides": overrides, **facts}
         _save(report, cache)
     return report
