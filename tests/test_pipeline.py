@@ -284,7 +284,8 @@ def test_plan_in_text_writes_the_text_then_the_rest_guided_by_it(pipe, monkeypat
     assert heard.settings["text_stage"]["text"] == read.text and heard.settings["text_stage"]["temperature"] == 0.0
     assert heard.settings["inputs"] == ["audio"] and heard.settings["to"] == ["image"]
     assert [targets for (targets, _), in stages[:2]] == [["text"], ["image"]]
-    assert read.text.strip() and set(stages[1][0][1]) == {"audio", "text"}  # the image stage reads the clip and the text
+    # the image stage reads the clip and the text
+    assert read.text.strip() and set(stages[1][0][1]) == {"audio", "text"}
     hot = pipe.generate(audio=speech(), to="image", seed=1, temperature=1.0, choice_temperature=2.0, plan="text",
                        **FAST)
     assert hot.settings["text_stage"]["text"] == read.text and hot.settings["temperature"] == 1.0  # outputs' only

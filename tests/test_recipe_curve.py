@@ -26,7 +26,8 @@ def _recipe(folder, data, steps, variants):
     report = {"budget": {"data": data, "preset": "tiny", "steps": steps, "batch_size": 4, "lr": 1e-3, "tasks": TASKS,
                          "eval_n": 10, "seed": 0},
               "variants": {name: {"overrides": spec[0], "run": f"{folder.name}/{name}", "seconds": 60.0,
-                                  "judged": {d: {"accuracy": sum(v) / len(v), "verdicts": v} for d, v in spec[1].items()},
+                                  "judged": {d: {"accuracy": sum(v) / len(v), "verdicts": v}
+                                             for d, v in spec[1].items()},
                                   "probe": {}, "val": spec[2] if len(spec) > 2 else {}}
                            for name, spec in variants.items()}}
     folder.mkdir(parents=True, exist_ok=True)

@@ -284,7 +284,8 @@ def add_recipe_command(bench) -> None:
                    "batch_size": "samples a step, every variant (one that sets batch_size=... leaves the shared "
                                  "budget)",
                    "eval_n": "test cases judged per direction (a Wilson interval of 64 cases is about +-0.12)",
-                   "seed": "the seed of every variant's initialisation and batches, and of the sampling it is judged by",
+                   "seed": "the seed of every variant's initialisation and batches, and of the sampling it is "
+                           "judged by",
                    "lr": "peak learning rate, every variant (lr=... in a variant overrides it)"}
     for name in ("data", "preset"):
         recipe.add_argument(f"--{name}", default=getattr(RecipeBudget, name),
@@ -295,8 +296,9 @@ def add_recipe_command(bench) -> None:
     recipe.add_argument("--lr", type=float, default=RecipeBudget.lr,
                         help=f"{budget_help['lr']} (default {RecipeBudget.lr})")
     recipe.add_argument("--codecs", default=None, help="codec folder (default: the package's shipped codecs)")
-    recipe.add_argument("--out", required=True, help="folder for the runs and recipe.json; the same command again resumes: each variant "
-                                                "from its last checkpoint (every 100 steps), a judged one not again")
+    recipe.add_argument("--out", required=True,
+                        help="folder for the runs and recipe.json; the same command again resumes: each variant from "
+                             "its last checkpoint (every 100 steps), a judged one not again")
     recipe.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's choice, every core; give 1 to each of two runs "
                              "sharing two cores: with both on every core each step ran ~7x slower)")

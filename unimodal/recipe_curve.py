@@ -156,7 +156,8 @@ def curve_point(spec: str) -> dict:
         figure["n"], figure["right"] = len(verdicts), int(sum(verdicts))
         figure["ci95"] = list(wilson_interval(figure["right"], figure["n"]))
     probe = variant.get("probe") or {}
-    return {"spec": spec, "source": f"{source}:{name}", "variant": name, "objective": compute["objective"], "masking": compute["masking"],
+    return {"spec": spec, "source": f"{source}:{name}", "variant": name, "objective": compute["objective"],
+            "masking": compute["masking"],
             "steps": budget["steps"], "batch_size": budget["batch_size"], "data": budget["data"],
             "tasks": variant["overrides"].get("task_weights", budget["tasks"]), "flops": compute["flops"],
             "minutes": (variant.get("step_seconds") or variant.get("seconds") or 0) / 60 or None,

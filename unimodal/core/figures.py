@@ -25,9 +25,9 @@ def save_figure(figure, path: str | os.PathLike, dpi: float | None = 110) -> Pat
     """Lay ``figure`` out, write it to ``path`` atomically (the format from the path's suffix, PNG when it has
     none), close it, and return the path. ``dpi=None`` keeps the figure's own resolution."""
     path = Path(path)
-    figure.tight_layout()
     file_format = path.suffix.lstrip(".").lower() or "png"
     try:
+        figure.tight_layout()
         atomic_write(path, lambda temporary: figure.savefig(temporary, dpi=dpi or "figure", format=file_format))
     finally:
         pyplot().close(figure)
