@@ -74,6 +74,9 @@ Ready. On a lent GPU (device tool), one of:
     run: bash training/gpu_train.sh --pack $out/train.pack.safetensors --wheels $out/wheels --out \$OUT --minutes 8.4 -- --preset small --batch-size 256 --steps 20000 --lr 1.5e-3 --warmup 300
          carry: ["$out"], timeout_s: 600
     git checkout unimodal/default_model
+  or the twin bar (issue 13): the same from scratch, with the autoregressive twin trained after it in half the minutes:
+    run: bash training/gpu_train.sh --pack $out/train.pack.safetensors --wheels $out/wheels --out \$OUT --minutes 8.4 --twin -- --preset small --batch-size 256 --steps 20000 --lr 1.5e-3 --warmup 300 --audio-position-rate auto
+         carry: ["$out"], timeout_s: 600
 Then docs/gpu.md: restore the model from the returned files and export it with the codecs it was packed with
 (unimodal export-model ... --codecs ${codecs:-unimodal/default_model}).
 EOF
