@@ -173,7 +173,7 @@ def test_speech_is_deterministic_and_voice_changes_it():
     assert not is_speech(np.zeros(16000, dtype=np.float32))
     with pytest.raises(InputError, match="voice"):
         synthesize("hello", Voice("xx-no-such-voice"))
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="text to speak must be a non-empty string"):
         synthesize("   ")
 
 

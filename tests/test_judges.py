@@ -121,7 +121,7 @@ def test_two_object_relation(judge, test_scenes):
 
 
 def test_scene_judge_rejects_a_batch(judge, test_scenes):
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="judge takes one image; got a batch of 5"):
         judge.judge(np.stack([s.image for s in test_scenes[:5]]))
 
 
@@ -131,7 +131,7 @@ def test_digit_splits_partition_the_digits():
     splits = [digit_split_indices(name) for name in ("train", "val", "test")]
     assert [len(s) for s in splits] == [1437, 179, 181]
     assert len(np.unique(np.concatenate(splits))) == 1797
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="split must be one of .* got 'heldout'"):
         digit_split_indices("heldout")
 
 
@@ -161,7 +161,7 @@ def test_word_error_rate():
     assert word_error_rate("the digit seven", "The digit 7.") == 0.0
     assert word_error_rate(["a small red circle"], ["a small blue circle"]) == 0.25
     assert word_error_rate(["a b", "c d e f g h"], ["a b", "c d e f g x"]) == pytest.approx(1 / 8)
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="as many hypotheses as references .* got 2 and 1"):
         word_error_rate(["one", "two"], ["one"])
 
 
@@ -173,7 +173,7 @@ def test_speech_judge_transcribes_espeak_clips():
     assert all(isinstance(h, str) and h for h in hypotheses)
     assert judge.wer([s.text for s in samples], hypotheses) < 0.3
     assert judge.transcribe(np.zeros(0, np.float32)) == ""
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="reads 16000 Hz audio; got 22050 Hz"):
         judge.transcribe(samples[0].audio, sample_rate=22_050)
 
 

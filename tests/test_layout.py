@@ -388,7 +388,7 @@ def test_local_and_shared_ids_round_trip_or_are_refused(layout, modality, ids):
         assert torch.equal(layout.to_local(modality, shared), local)
         assert ((shared >= NUM_SPECIAL) & (shared < layout.vocab_size)).all()
     else:
-        with pytest.raises(InputError):
+        with pytest.raises(InputError, match=f"{modality} ids must lie in \\[0, {layout.codebook_size(modality)}\\)"):
             layout.to_shared(modality, local)
 
 
@@ -440,7 +440,7 @@ def test_a_text_span_maps_to_exactly_the_tokens_it_overlaps(text, data):
     hits = Layout.text_span_to_positions(text, start, end, codec).tolist()
     assert hits == [i for i, (a, b) in enumerate(offsets) if a < end and b > start]
     assert all(0 <= i < ids.numel() for i in hits)
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="a text span needs 0 <= start < end"):
         Layout.text_span_to_positions(text, end, start, codec)
 
 

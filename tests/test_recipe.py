@@ -2,6 +2,7 @@
 choice, packs, time-budgeted runs and sharded model folders."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -457,7 +458,7 @@ def test_fit_steps_times_whole_steps_and_revises_the_total_when_the_machine_chan
     ends = [10.0, 11.0, 12.0, 13.0, 16.0, 17.0]  # a 10 s first step, then 1 s, with a 3 s step (a checkpoint)
     assert train_mod.seconds_per_step(ends, window=100) == pytest.approx(7.0 / 5)  # the first step left out
     assert train_mod.seconds_per_step(ends, window=2) == pytest.approx(4.0 / 2)  # the recent window
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least two steps"):
         train_mod.seconds_per_step([1.0], window=5)
     # during the warmup any change is taken; after it only one beyond the tolerance
     assert train_mod.refitted_total(1000, 1050, done=50, warmup=100) == 1050
@@ -501,8 +502,10 @@ def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):
 
     assert parse_variant(["first", "loss_norm=maskable", "sparse_head=false", "lr=2e-3"]) == \
         ("first", {"loss_norm": "maskable", "sparse_head": False, "lr": 0.002})
-    for bad in (["x", "no_such=1"], ["x", "lr"], ["x", "sparse_head=maybe"], ["x", "steps=many"]):
-        with pytest.raises(InputError):
+    for bad, said in ((["x", "no_such=1"], "'no_such=1' is not KEY=VALUE with KEY a training setting"),
+                      (["x", "lr"], "'lr' is not KEY=VALUE"), (["x", "sparse_head=maybe"], "must be true or false"),
+                      (["x", "steps=many"], "cannot read 'many' as int")):
+        with pytest.raises(InputError, match=f"variant 'x': .*{re.escape(said)}"):
             parse_variant(bad)
     assert parse_variant(["c128", f"codecs={tmp_path}"]) == ("c128", {"codecs": str(tmp_path.resolve())})
     assert parse_variant(["paced", "audio_position_rate=auto"]) == ("paced", {"audio_position_rate": "auto"})

@@ -57,7 +57,7 @@ def test_loss_is_ce_over_masked_weighted_by_inverse_t():
 
 def test_task_parsing_and_mixture():
     assert Task.parse("text+audio->image").conditions == ("text", "audio")
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="task 'image->image' is not of the form .* no modality on both sides"):
         Task.parse("image->image")
     mixture = TaskMixture({"text->image": 1.0, "->audio": 1.0})
     rng = np.random.default_rng(0)
