@@ -33,7 +33,6 @@ def _cmd_eval(args) -> int:
     from unimodal.checks import check_twin_settings
     from unimodal.eval_cases import check_case_request, load_cases
     from unimodal.serve import check_model, load_pipeline
-    from unimodal.training.data.speech import check_voices
 
     directions = _directions(args.directions, DIRECTIONS)
     settings = _settings(args)
@@ -46,14 +45,14 @@ def _cmd_eval(args) -> int:
                      args.accept_agreement)
     check_repair(args.repair, directions)
     needs_speech = any("audio" in d or d == "joint" for d in directions)
-    check_voices(args.voices)
+    # the voice set, the split, the count and each data entry (a built folder's voices among it), before the model
+    check_case_request(args.data, args.split, args.n, voices=args.voices)
     if args.voices != "varied" and not needs_speech:
         raise InputError(f"--voices {args.voices} speaks the test captions; no direction asked ({', '.join(directions)}) "
                          f"hears or speaks speech")
     model_dir = check_model(args.model, args.device)
     check_twin_settings(model_dir, {**settings, "refine": args.refine_rounds, "repair": args.repair,
                                     "rivals": args.rivals})
-    check_case_request(args.data, args.split, args.n, voices=args.voices)  # the built folders' voices among it
     pipe = load_pipeline(model_dir, args.device)
     if args.refine_critic is not None:  # a head the model never trained: refused before anything is drawn
         from unimodal.refine import require_trained_critic
