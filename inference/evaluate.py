@@ -318,7 +318,7 @@ def effective_settings(results: Sequence) -> dict:
     defaults), as the results report them; the same for every result of a direction; with whether the model
     planned in words first (``plan``) and, if so, the text stage's own settings (``text_stage``)."""
     settings = (getattr(results[0], "settings", None) or {}) if results else {}
-    found = {k: settings[k] for k in (*SAMPLER_FIELDS, "plan", "rivals", "rephrase") if k in settings}
+    found = {k: settings[k] for k in ("decoding", *SAMPLER_FIELDS, "plan", "rivals", "rephrase") if k in settings}
     if "text_stage" in settings:
         found["text_stage"] = {k: v for k, v in settings["text_stage"].items()
                                if k in (*SAMPLER_FIELDS, "rivals", "rephrase")}

@@ -136,6 +136,10 @@ def test_train_objective_ar_writes_a_twin_the_pipeline_decodes(tiny_codec_dir, t
     assert pipe.autoregressive
     result = pipe.generate(text="a small red circle on the left", to="image", seed=0)
     assert result.image.size == (64, 64) and result.forward_passes == 64
+    # its settings say how it decoded, not the masked sampler's mode, steps and guidance, which it ignores
+    assert result.settings["decoding"] == "autoregressive" and "mode" not in result.settings
+    assert {k: result.settings[k] for k in ("temperature", "top_k", "top_p")} == {"temperature": 0.7, "top_k": 0,
+                                                                              "top_p": 1.0}
     assert pipe.generate(text="a small red circle", to="image", seed=0).token_ids == \
         pipe.generate(text="a small red circle", to="image", seed=0).token_ids
     with pytest.raises(SettingError, match="refine > 0 re-masks and regenerates with the masked-diffusion model"):

@@ -793,7 +793,7 @@ class UniModal(DiffusionPipeline):
                 token_ids={m: ids.tolist() for m, ids in tokens[index].items()},
                 confidence={m: [float(c) for c in confidence[m][:len(ids)]] for m, ids in tokens[index].items()},
                 forward_passes=result.forward_passes, steps=result.steps,
-                settings=_settings(config, item, result)))
+                settings=_settings(config, item, result, self.autoregressive)))
         return results
 
     def _decoded(self, tokens: list[dict[str, torch.Tensor]]) -> dict[str, dict[int, object]]:
@@ -998,8 +998,16 @@ def _checked_number(name: str, value, where: str, integer: bool = False):
     return value
 
 
-def _settings(config: SamplerConfig, item: _Prepared, result: SampleResult) -> dict:
-    settings = {name: getattr(config, name) for name in TOKEN_SETTINGS}
+# What the autoregressive twin's results say they were decoded with: the sampler settings it reads (one token a step,
+# left to right, unguided: mode, steps, tau, guidance and the rest do not apply to it)
+TWIN_SETTINGS = ("temperature", "top_k", "top_p")
+
+
+def _settings(config: SamplerConfig, item: _Prepared, result: SampleResult, autoregressive: bool = False) -> dict:
+    if autoregressive:
+        settings = {"decoding": "autoregressive", **{name: getattr(config, name) for name in TWIN_SETTINGS}}
+    else:
+        settings = {name: getattr(config, name) for name in TOKEN_SETTINGS}
     settings.update(seed=result.seed, guidance_passes=result.guidance_passes, to=list(item.targets),
                     inputs=[m for m in MODALITIES if m in item.conditions],
                     commits_per_step=list(result.commits_per_step))
