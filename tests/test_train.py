@@ -112,7 +112,8 @@ def _tiny_cfg(**kw):
     return TrainConfig(**{**base, **kw})
 
 
-def test_train_writes_model_and_resumes_exactly_after_a_kill(tiny_codec_dir, tiny_scenes, tmp_path, monkeypatch):
+def test_train_writes_model_and_resumes_exactly_after_a_kill(tiny_codec_dir, tiny_scenes, tmp_path, monkeypatch,
+                                                             capsys):
     import unimodal.training.train as tr
 
     straight = train(tmp_path / "a", [str(tiny_scenes)], tiny_codec_dir, _tiny_cfg(), progress=False)
@@ -135,7 +136,9 @@ def test_train_writes_model_and_resumes_exactly_after_a_kill(tiny_codec_dir, tin
         train(tmp_path / "b", [str(tiny_scenes)], tiny_codec_dir, _tiny_cfg(), progress=False)
     assert torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["step"] == 2
     monkeypatch.setattr(tr, "make_examples", real)
-    resumed = train(tmp_path / "b", [str(tiny_scenes)], tiny_codec_dir, None, resume=True, progress=False)
+    capsys.readouterr()
+    resumed = train(tmp_path / "b", [str(tiny_scenes)], tiny_codec_dir, None, resume=True, progress=True)
+    assert f"resuming {tmp_path / 'b' / 'checkpoint.pt'} at step 2 of 4" in capsys.readouterr().out
     a = DiT.from_pretrained(straight / "backbone").state_dict()
     b = DiT.from_pretrained(resumed / "backbone").state_dict()
     for key in a:

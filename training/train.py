@@ -710,6 +710,8 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
         print(f"audio positions at {cfg.audio_position_rate:g} text tokens per audio code", flush=True)
     train_tokens = _subset(run.train, cfg.train_subset)
     model, runner, optimizer, ema, history, start = _prepared_model(cfg, run, state, options, accelerator, progress)
+    if state is not None and progress and main:  # a rerun of the same command says it continues, and from where
+        print(f"resuming {ckpt_path} at step {start} of {cfg.steps}", flush=True)
     mixture, schedule = TaskMixture(cfg.task_weights, cfg.cond_drop), MaskSchedule()
     spec = cfg.loss_spec(run.layout, caption_swaps(cfg, run, progress and main),
                          decoded_labels(cfg, run, progress and main), train_tokens).to(accelerator.device)
