@@ -177,6 +177,18 @@ def test_speech_is_deterministic_and_voice_changes_it():
         synthesize("   ")
 
 
+def test_the_espeak_worker_ends_when_closed_and_starts_again_when_needed():
+    from unimodal.training.data import speech
+
+    synthesize("a red circle")
+    process = speech._WORKER.process
+    assert process is not None and process.poll() is None
+    speech._WORKER.close()  # what runs at exit: no worker and no open pipe left behind
+    assert process.returncode is not None and process.stdin.closed and speech._WORKER.process is None
+    speech._WORKER.close()  # a second close is a no-op
+    assert is_speech(synthesize("a red circle"))  # started again on the next call
+
+
 def test_digits_split_is_disjoint_and_complete(tmp_path):
     idx = split_indices(0)
     all_idx = np.concatenate(list(idx.values()))

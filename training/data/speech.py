@@ -10,6 +10,7 @@ is six calls, and going through it directly keeps the dependency to that one whe
 
 from __future__ import annotations
 
+import atexit
 import json
 import struct
 import subprocess
@@ -143,8 +144,27 @@ class _SpeechWorker:
             raise EOFError
         return data
 
+    def close(self) -> None:
+        """End the worker: its stdin closed, it leaves its loop; killed if it has not within 5 s. Run at exit, so a
+        process that spoke leaves no worker or open pipe behind."""
+        with self.lock:
+            process, self.process = self.process, None
+        if process is None:
+            return
+        for pipe in (process.stdin, process.stdout):
+            try:
+                pipe.close()
+            except OSError:  # a worker that died: its pipe may be broken
+                pass
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
 
 _WORKER = _SpeechWorker()
+atexit.register(_WORKER.close)
 
 
 def is_speech(audio: np.ndarray, sample_rate: int = SAMPLE_RATE, min_seconds: float = 0.2) -> bool:
