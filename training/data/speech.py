@@ -20,8 +20,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
-import torchaudio.functional as AF
 
 from unimodal.training.data._espeak_worker import STATUS_BAD_INPUT, STATUS_OK
 from unimodal.core.errors import InputError, SpeechSynthesisError
