@@ -325,7 +325,7 @@ def test_writes_are_atomic(tmp_path):
 
 def test_two_writers_never_leave_half_a_file(tmp_path):
     """Two threads save different pictures to one path while a reader opens it: always a whole PNG."""
-    target, stop, seen = tmp_path / "race.png", threading.Event(), []
+    target, seen = tmp_path / "race.png", []
     pictures = [GenerationResult(image=Image.fromarray(np.full((256, 256, 3), v, np.uint8))) for v in (30, 220)]
     writers = [threading.Thread(target=lambda r=r: [r.save(target) for _ in range(25)]) for r in pictures]
     for writer in writers:

@@ -16,7 +16,7 @@ from unimodal.core.grammar import COLORS, SHAPES, SIZES
 from unimodal.tokenizers_mm.layout import MASK, SEGMENT_IDS
 from unimodal.training.critic import (AttributeSwaps, CriticDraft, CriticSpec, critic_drafts, critic_loss,
                                       still_masked, swap_codes)
-from unimodal.training.objective import LossSpec, TargetVocab, mask_targets
+from unimodal.training.objective import mask_targets
 from unimodal.training.schedule import MaskSchedule
 from unimodal.training.tasks import Task, build_example, collate_examples
 from unimodal.training.train import TrainConfig, _optimizer, step_loss, trainable_optimizer_state

@@ -12,10 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
-from unimodal.inference.critique import (CONFIDENCE_THRESHOLDS, DEFAULT_THRESHOLD, Draft, TargetForward, audio_region,
-                                confidence_scores, flagged, flags_of, image_region, learned_scores, make_draft,
-                                random_scores, region_indices, regions_from_flags, remasked, sample_score,
-                                score_groups, text_offsets, thresholds_for)
+from unimodal.inference.critique import (CONFIDENCE_THRESHOLDS, DEFAULT_THRESHOLD, audio_region, confidence_scores,
+                                         flagged, flags_of, image_region, learned_scores, make_draft, random_scores,
+                                         region_indices, regions_from_flags, sample_score, score_groups, text_offsets,
+                                         thresholds_for)
 from unimodal.inference.refine import RefineConfig
 from unimodal.tokenizers_mm.layout import MASK, Layout
 from unimodal.core.errors import InputError, SettingError

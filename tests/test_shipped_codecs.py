@@ -1,7 +1,6 @@
 """The codecs shipped inside the package load offline and fit the default layout."""
 
 import numpy as np
-import pytest
 import torch
 
 from unimodal.training.data.scenes import make_sample

@@ -73,8 +73,6 @@ def merge_models(models: list[str | Path], weights: list[float], out: str | Path
     origin. The models must share the backbone config and the layout; ``weights`` are >= 0 and sum to 1."""
     import json
 
-    import torch
-
     from unimodal.core.paths import model_hash
 
     folders = [Path(m) for m in models]

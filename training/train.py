@@ -28,7 +28,7 @@ from unimodal.backbone.dit import DiT
 from unimodal.training.checkpoint import resumed_config, save_atomic
 from unimodal.training.critic import AttributeSwaps, CriticSpec, critic_objective
 from unimodal.training.objective import (MASKINGS, NORMALISERS, WEIGHTINGS, CaptionSurprisal, LossSpec, TargetVocab,
-                                         mask_targets, masked_diffusion_loss, masked_token_accuracy,
+                                         masked_diffusion_loss, masked_token_accuracy,
                                          next_token_accuracy, next_token_loss, sparse_diffusion_loss)
 from unimodal.training.hardware import release_freed_memory, resident_mb
 from unimodal.training.optim import warmup_cosine

@@ -4,7 +4,6 @@ errors that name the argument and say what is accepted."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 from PIL import Image

@@ -16,9 +16,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
-from PIL import Image, UnidentifiedImageError
-
 from unimodal.training.data.store import Sample
 from unimodal.core.errors import DataError, ManifestError
 from unimodal.core.grammar import IMAGE_SIZE
