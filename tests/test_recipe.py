@@ -527,6 +527,8 @@ def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):
                            "real": {"overrides": {"loss_norm": "real"}, "seconds": 30, "judged": better}}}
     table = format_report(report)
     assert "+0.500" in table and "+0.000" in table  # paired differences from the first variant
+    first = next(line for line in table.splitlines() if line.startswith("first"))
+    assert first.count("(the reference)") == 2 and "+0.000 [+0.000" not in first  # no difference from itself
     from unimodal.recipe import trained_directions
 
     # a variant that trains drawing alone is judged on drawing alone (the model refuses to read pictures)
@@ -551,6 +553,10 @@ def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):
     assert "audio->text" in table.splitlines()[2]
     row = next(line for line in table.splitlines() if line.startswith("hear"))
     assert "0.500" in row and row.count("nan") == 2
+    report["variants"] = {"a-variant-with-a-long-name": report["variants"]["hear"], **report["variants"]}
+    lines = format_report(report).splitlines()  # the reference judged on hearing alone: '-' where it has no verdicts
+    assert lines[3].startswith("a-variant-with-a-long-name ") and lines[3].count("(the reference)") == 1
+    assert lines[2].index("train min") > len("a-variant-with-a-long-name")  # the name column widened to fit it
     (tmp_path / "recipe.json").write_text(json.dumps({"budget": {"steps": 1}, "variants": {}}))
     with pytest.raises(InputError, match="another budget"):
         run_recipe(RecipeBudget(), [("first", {})], None, tmp_path)

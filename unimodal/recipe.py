@@ -226,6 +226,7 @@ def format_report(report: dict) -> str:
 
     budget = report["budget"]
     heard = any("audio->text" in v.get("judged", {}) for v in report["variants"].values())
+    width = max([14, *map(len, report["variants"])])  # the variant column fits the longest name
     columns = JUDGED if heard else DIRECTIONS
     lines = [f"probe: attribute words of {PROBE_CAPTIONS} validation captions chosen first, teacher-forced "
              f"(unimodal.training.probe; read from the pictures, or heard for a variant that learned only to hear); "
@@ -233,15 +234,18 @@ def format_report(report: dict) -> str:
              f"budget: preset {budget['preset']}, {budget['steps']} steps x batch {budget['batch_size']}, lr "
              f"{budget['lr']}, data {budget['data']}, tasks {budget['tasks']}; judged on {budget['eval_n']} test "
              f"cases per direction (per-output sampling defaults)",
-             f"{'variant':<14} {'train min':>9} {'tok/s':>7} " + " ".join(f"{d:>11}" for d in columns) + " "
+             f"{'variant':<{width}} {'train min':>9} {'tok/s':>7} " + " ".join(f"{d:>11}" for d in columns) + " "
              f"{'paired diff vs the first (95% CI)':>{26 * len(columns)}} {'probe':>6} {'shape':>6}  settings"]
     reference = next(iter(report["variants"].values()), {}).get("judged", {})
-    for name, v in report["variants"].items():
+    for index, (name, v) in enumerate(report["variants"].items()):
         judged = v.get("judged", {})
         cells = [f"{judged.get(d, {}).get('accuracy', float('nan')):>11.3f}" for d in columns]
-        diffs = [paired_difference(judged.get(d, {}).get("verdicts"), reference.get(d, {}).get("verdicts"))
-                 for d in columns]
-        cells.append(f"{'  '.join(_diff(d) for d in diffs):>{26 * len(columns)}}")
+        if index == 0:  # the reference itself: no difference to show
+            diffs = [f"{'(the reference)' if judged.get(d, {}).get('verdicts') else '-':>24}" for d in columns]
+        else:
+            diffs = [_diff(paired_difference(judged.get(d, {}).get("verdicts"), reference.get(d, {}).get("verdicts")))
+                     for d in columns]
+        cells.append(f"{'  '.join(diffs):>{26 * len(columns)}}")
         probe = v.get("probe") or {}
         shape = probe.get("by_class", {}).get("shape", {}).get("accuracy")
         cells.append(f"{probe['accuracy']:6.3f}" if probe else f"{'-':>6}")
@@ -249,7 +253,7 @@ def format_report(report: dict) -> str:
         seconds = v.get("step_seconds") or v.get("seconds")  # the steps of every process, where they were timed
         minutes = f"{seconds / 60:9.1f}" if seconds else f"{'-':>9}"
         speed = f"{v['tokens_per_s_median']:7.0f}" if v.get("tokens_per_s_median") else f"{'-':>7}"
-        lines.append(f"{name:<14} {minutes} {speed} {' '.join(cells)}  {v['overrides'] or 'defaults'}")
+        lines.append(f"{name:<{width}} {minutes} {speed} {' '.join(cells)}  {v['overrides'] or 'defaults'}")
     return "\n".join(lines)
 
 
