@@ -65,6 +65,9 @@ PIPELINE_INDEX = "model_index.json"
 TRAINING_CONFIG = "training_config.json"
 VOCABULARY_FILE = "vocabulary.json"  # the words the training captions used (unimodal.core.grammar.known_vocabulary)
 REQUEST_KEYS = ("text", "image", "audio", "to", "seed", "max_text_tokens", "max_audio_seconds")
+# The sampler settings the autoregressive twin reads (one token a step, left to right, unguided: mode, steps, tau,
+# guidance and the rest do not apply to it): the only defaults it takes, and what its results say it decoded with
+TWIN_SETTINGS = ("temperature", "top_k", "top_p")
 # Whether a request without a text input plans in words first (see UniModal.generate's ``plan``), and how. Measured
 # on the model r7 (docs/results.md, "Planning in words"): image, caption and speech from nothing agree in 0.219 of
 # 64 samples against 0.000 in one loop; pictures drawn from speech are right 0.531 against 0.156 (64 test scenes).
@@ -648,7 +651,7 @@ class UniModal(DiffusionPipeline):
         try:
             defaults = self.scheduler.target_defaults(targets)
             if self.autoregressive:  # the twin decodes one token per step, unguided: only these apply
-                defaults = {k: v for k, v in defaults.items() if k in ("temperature", "top_k", "top_p")}
+                defaults = {k: v for k, v in defaults.items() if k in TWIN_SETTINGS}
             config = self.scheduler.sampler_config(**{**defaults, **values})
         except InputError as error:  # name the argument as the caller wrote it
             raise SettingError(str(error).replace("SamplerConfig.", "")) from None
@@ -996,11 +999,6 @@ def _checked_number(name: str, value, where: str, integer: bool = False):
     if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
         raise InputError(f"{where}{name} must be {'an int' if integer else 'a number'}, got {value!r}")
     return value
-
-
-# What the autoregressive twin's results say they were decoded with: the sampler settings it reads (one token a step,
-# left to right, unguided: mode, steps, tau, guidance and the rest do not apply to it)
-TWIN_SETTINGS = ("temperature", "top_k", "top_p")
 
 
 def _settings(config: SamplerConfig, item: _Prepared, result: SampleResult, autoregressive: bool = False) -> dict:
