@@ -381,6 +381,8 @@ def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scor
         for count in sorted({objects_in(c) for c in cases} - {None}):
             chosen = [scores[i] for i, c in enumerate(cases) if objects_in(c) == count]
             summary.setdefault("by_objects", {})[str(count)] = {"n": len(chosen), **_rates(chosen)}
+        if targets == ("text",) and (alike := objects_alike(cases, scores)):
+            summary["by_objects"]["2"]["alike"] = alike
     else:  # what the captions from nothing were: how varied, of which kind, of how many objects
         summary["distinct_texts"] = len({s.get("text") for s in scores}) / max(len(scores), 1)
         for kind in sorted({str(s.get("kind")) for s in scores}):
@@ -392,6 +394,34 @@ def summarize(direction: str, cases: Sequence[EvalCase], results: Sequence, scor
             chosen = [s for s, c in zip(scores, counts) if c == count]
             summary.setdefault("by_objects", {})[str(count)] = {"n": len(chosen), **_rates(chosen)}
     return summary
+
+
+BOUND_ATTRIBUTES = ("size", "color", "shape")  # what a caption binds to each of two objects
+
+
+def objects_alike(cases: Sequence[EvalCase], scores: Sequence[dict]) -> dict | None:
+    """How alike the two objects of the captions read from two-object scenes are, against the truth: the mean
+    count of :data:`BOUND_ATTRIBUTES` the first and second object share (0 to 3), over the captions that parse
+    as two objects, beside the same count in their scenes. A reader that binds each attribute to its object
+    shares what the scenes share; one that lets them bleed from one object to the other (a small green cross
+    above a small green cross, for a yellow circle below a green cross) shares more. None without such a
+    caption."""
+    read, truth = [], []
+    for case, score in zip(cases, scores):
+        if objects_in(case) != 2:
+            continue
+        scene = parse_scene_caption(score.get("text") or "")
+        if scene is None or len(scene["objects"]) != 2:
+            continue
+        read.append(_shared(*scene["objects"]))
+        truth.append(_shared(*case.truth["objects"]))
+    if not read:
+        return None
+    return {"captions": len(read), "read": float(np.mean(read)), "truth": float(np.mean(truth))}
+
+
+def _shared(first: Mapping, second: Mapping) -> int:
+    return sum(first.get(key) == second.get(key) for key in BOUND_ATTRIBUTES)
 
 
 def objects_in(case: EvalCase) -> int | None:
@@ -654,6 +684,8 @@ def format_table(report: dict) -> str:
         for kind, row in rows:
             extra = " ".join(f"{k}={row[k]:.3f}" for k in (*SCENE_ATTRIBUTES, "text_parses", "image_matches_text",
                                                              "audio_matches_text", "distinct_texts") if k in row)
+            if "alike" in row:  # two-object captions: attributes the two objects share, read and in the scenes
+                extra += f" alike={row['alike']['read']:.2f} (scenes {row['alike']['truth']:.2f})"
             accuracy = row.get("accuracy", row.get("consistent"))
             passes, wall = (f"{fig['forward_passes']:.1f}", f"{fig['wall_s_per_sample']:.3f}") if kind == "all" \
                 else ("-", "-")  # costs are per direction

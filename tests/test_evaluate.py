@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from unimodal.inference.evaluate import (EvalCase, Judges, caption_correct, evaluate, format_table,
-                                         joint_consistency, judge_image, model_hash, summarize)
+                                         joint_consistency, judge_image, model_hash, objects_alike,
+                                         summarize)
 from unimodal.judges import word_error_rate, word_errors
 from unimodal.training.data.scenes import make_sample
 from unimodal.cli import main
@@ -124,11 +125,38 @@ def test_summaries_count_rates_and_wer():
     assert "word_errors" not in summary["by_kind"]["scene"]
     # scenes of one object and of two, told apart (the first test scene is a pair, the second one object)
     assert [len(c.truth["objects"]) for c in cases] == [2, 1]
+    alike = summary["by_objects"]["2"].pop("alike")  # the pair read as its scene: as alike as the scene's objects
+    assert alike["captions"] == 1 and alike["read"] == alike["truth"]
     assert summary["by_objects"] == {"1": {"n": 1, "accuracy": 0.0}, "2": {"n": 1, "accuracy": 1.0}}
     digit = EvalCase("digit", "the digit seven", None, None, 7)
     assert "by_objects" not in summarize("image->text", [digit], [Result()], scores[:1], wall=0.5)
     table = format_table({"figures": {"image->text": summary}, "reference": {}, "seed": 0, "settings": {}})
     assert "1 obj" in table and "2 obj" in table
+
+
+def test_two_object_readings_say_how_alike_their_objects_are_against_the_scenes():
+    """A reader that lets one object's attributes bleed onto the other names two objects more alike than the
+    scenes show: the figure that tells that error from a relation read the wrong way round."""
+    class Result:
+        forward_passes = 4
+
+    truth = {"objects": [{"shape": "circle", "color": "yellow", "size": "small"},
+                         {"shape": "cross", "color": "green", "size": "small"}], "relation": "below"}
+    case = EvalCase("scene", "a small yellow circle below a small green cross", None, None, truth)
+    single = _single_object_case()
+    readings = ["a small green cross above a small green cross",  # bled: the two objects the same, 3 of 3 shared
+                "a small green cross above a small yellow circle",  # the relation turned around: 1 shared, as in truth
+                "a small yellow circle"]  # not two objects: left out
+    scores = [{"correct": False, "text": t} for t in readings]
+    summary = summarize("image->text", [case, case, case, single], [Result()] * 4, scores + [{"correct": True,
+                        "text": single.text}], wall=0.5)
+    assert summary["by_objects"]["2"]["alike"] == {"captions": 2, "read": 2.0, "truth": 1.0}
+    assert "alike" not in summary["by_objects"]["1"]
+    table = format_table({"figures": {"image->text": summary}, "reference": {}, "seed": 0, "settings": {}})
+    assert "alike=2.00 (scenes 1.00)" in table
+    drawn = summarize("text->image", [case], [Result()], [{"correct": False}], wall=0.5)  # only captions read
+    assert "alike" not in drawn["by_objects"]["2"]
+    assert objects_alike([single], [{"text": single.text}]) is None
 
 
 def test_joint_summary_says_what_the_captions_from_nothing_were():
