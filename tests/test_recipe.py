@@ -529,6 +529,12 @@ def test_recipe_variants_are_typed_checked_and_compared_pairwise(tmp_path):
     assert "+0.500" in table and "+0.000" in table  # paired differences from the first variant
     first = next(line for line in table.splitlines() if line.startswith("first"))
     assert first.count("(the reference)") == 2 and "+0.000 [+0.000" not in first  # no difference from itself
+    assert "pairs (alike/scenes)" in table.splitlines()[2] and first.rstrip().endswith("-  defaults")  # no pairs kept
+    better["image->text"]["by_objects"] = {"1": {"n": 2, "accuracy": 1.0},
+                                           "2": {"n": 2, "accuracy": 0.0, "alike": {"captions": 2, "read": 2.5,
+                                                                                     "truth": 0.5}}}
+    real = next(line for line in format_report(report).splitlines() if line.startswith("real"))
+    assert "0.000 (2.50/0.50)" in real  # the two-object scenes, and how alike their captions' objects read
     from unimodal.recipe import trained_directions
 
     # a variant that trains drawing alone is judged on drawing alone (the model refuses to read pictures)

@@ -138,6 +138,16 @@ def trained_directions(budget: RecipeBudget, overrides: dict) -> list[str]:
     return [d for d in JUDGED if weights.get(d, 0) > 0]
 
 
+def _pairs(reading: dict) -> str:
+    """A variant's reading of two-object scenes for its table: accuracy and, where its captions parsed as two
+    objects, how alike their objects read against the scenes' own (``-`` for a run judged before it was kept)."""
+    pair = (reading.get("by_objects") or {}).get("2")
+    if not pair:
+        return "-"
+    alike = pair.get("alike")
+    return f"{pair['accuracy']:.3f}" + (f" ({alike['read']:.2f}/{alike['truth']:.2f})" if alike else "")
+
+
 def judge_variant(budget: RecipeBudget, run: Path, progress: bool, directions: list[str] | None = None) -> dict:
     from unimodal.inference.evaluate import Judges, evaluate, verdicts_of
     from unimodal.eval_cases import load_cases
@@ -150,8 +160,10 @@ def judge_variant(budget: RecipeBudget, run: Path, progress: bool, directions: l
     # would choose between the two captions at random, so it reads as read
     settings = {} if "text->image" in directions else {"rivals": False}
     report = evaluate(pipe, cases, directions, settings, seed=budget.seed, judges=Judges(), progress=progress)
+    # by_objects: one-object and two-object scenes apart, with how alike the two objects of a caption read are
     return {d: {"accuracy": f.get("accuracy"), "sampler": f.get("sampler"),
-                "verdicts": verdicts_of([s.get("correct") for s in report["_samples"][d][2]])}
+                "verdicts": verdicts_of([s.get("correct") for s in report["_samples"][d][2]]),
+                **({"by_objects": f["by_objects"]} if f.get("by_objects") else {})}
             for d, f in report["figures"].items()}
 
 
@@ -230,12 +242,14 @@ def format_report(report: dict) -> str:
     columns = JUDGED if heard else DIRECTIONS
     lines = [f"probe: attribute words of {PROBE_CAPTIONS} validation captions chosen first, teacher-forced "
              f"(unimodal.training.probe; read from the pictures, or heard for a variant that learned only to hear); "
-             f"shape: its shape words",
+             f"shape: its shape words; pairs: the two-object scenes read right (alike: the size, colour and shape the two "
+             f"objects of its captions share, 0 to 3, against the scenes' own)",
              f"budget: preset {budget['preset']}, {budget['steps']} steps x batch {budget['batch_size']}, lr "
              f"{budget['lr']}, data {budget['data']}, tasks {budget['tasks']}; judged on {budget['eval_n']} test "
              f"cases per direction (per-output sampling defaults)",
              f"{'variant':<{width}} {'train min':>9} {'tok/s':>7} " + " ".join(f"{d:>11}" for d in columns) + " "
-             f"{'paired diff vs the first (95% CI)':>{26 * len(columns)}} {'probe':>6} {'shape':>6}  settings"]
+             f"{'paired diff vs the first (95% CI)':>{26 * len(columns)}} {'probe':>6} {'shape':>6} "
+             f"{'pairs (alike/scenes)':>20}  settings"]
     reference = next(iter(report["variants"].values()), {}).get("judged", {})
     for index, (name, v) in enumerate(report["variants"].items()):
         judged = v.get("judged", {})
@@ -250,6 +264,7 @@ def format_report(report: dict) -> str:
         shape = probe.get("by_class", {}).get("shape", {}).get("accuracy")
         cells.append(f"{probe['accuracy']:6.3f}" if probe else f"{'-':>6}")
         cells.append(f"{shape:6.3f}" if shape is not None else f"{'-':>6}")
+        cells.append(f"{_pairs(judged.get('image->text', {})):>20}")
         seconds = v.get("step_seconds") or v.get("seconds")  # the steps of every process, where they were timed
         minutes = f"{seconds / 60:9.1f}" if seconds else f"{'-':>9}"
         speed = f"{v['tokens_per_s_median']:7.0f}" if v.get("tokens_per_s_median") else f"{'-':>7}"
