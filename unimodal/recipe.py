@@ -142,7 +142,7 @@ def _pairs(reading: dict) -> str:
     """A variant's reading of two-object scenes for its table: accuracy and, where its captions parsed as two
     objects, how alike their objects read against the scenes' own (``-`` for a run judged before it was kept)."""
     pair = (reading.get("by_objects") or {}).get("2")
-    if not pair:
+    if not pair or pair.get("accuracy") is None:
         return "-"
     alike = pair.get("alike")
     return f"{pair['accuracy']:.3f}" + (f" ({alike['read']:.2f}/{alike['truth']:.2f})" if alike else "")
