@@ -62,6 +62,8 @@ def test_the_probe_reads_exactly_the_attribute_words(probe_setup, monkeypatch, o
     assert report["objective"] == objective and report["captions"] == 2 and report["source"] == source
     assert report["words"] == len(single) > 0  # the one-token attribute words, each once
     assert report["accuracy"] == expected
+    assert report["by_objects"] == {"1": {"words": len(single), "accuracy": expected}}  # one-object captions
+    assert ("in_view" in report) == (objective == "diffusion")  # each word alone: a masked model's second state
 
 
 def test_the_probe_needs_captioned_pictures(probe_setup):
@@ -74,3 +76,48 @@ def test_the_probe_needs_captioned_pictures(probe_setup):
         word_probe(model_dir, tokens, stack.text, source="audio")  # pictures, not clips
     with pytest.raises(InputError, match="not from 'text'"):
         word_probe(model_dir, tokens, stack.text, source="text")
+
+
+class _TruthWhenAlone(torch.nn.Module):
+    """Names the true token of a row's masked slot when it is the row's only one, else copies its input: a model
+    that binds every word once the rest of its caption is in view, and can do nothing with two words hidden."""
+
+    def __init__(self, vocab: int, clean: torch.Tensor):
+        super().__init__()
+        self.vocab, self.clean = vocab, clean
+
+    def forward(self, ids, t, segment_ids, positions, is_target, attention_mask):
+        from unimodal.tokenizers_mm.layout import MASK
+
+        out = ids.clone()
+        for row in range(ids.shape[0]):
+            hidden = ids[row] == MASK
+            if int(hidden.sum()) == 1:
+                match = next(c for c in self.clean if bool(((ids[row] == c) | hidden).all()))
+                out[row] = match
+        return _Out(torch.nn.functional.one_hot(out, self.vocab).float())
+
+
+def test_the_probe_tells_one_object_from_two_and_each_word_alone_from_all_at_once(probe_setup, monkeypatch):
+    from unimodal.tokenizers_mm.layout import Layout
+    from unimodal.training.data.scenes import make_sample
+    from unimodal.training.tasks import Task, build_example, collate_examples
+
+    model_dir, stack, _, _ = probe_setup
+    config = json.loads((model_dir / "training_config.json").read_text())
+    (model_dir / "training_config.json").write_text(json.dumps({**config, "objective": "diffusion"}))
+    captions = ["a small red circle on the left", "a small red circle to the left of a large blue square"]
+    tokens = [{"text": stack.text.encode_one(c), "image": stack.image.encode(make_sample(i, 0, 0, heldout=False,
+                                                                                          speech=False).image[None])[0]}
+              for i, c in enumerate(captions)]
+    layout = Layout.load(model_dir)
+    clean = collate_examples([build_example(layout, s, Task.parse("image->text"), pad_targets=True)
+                              for s in tokens]).batch.ids
+    monkeypatch.setattr(probe_module, "load_pretrained",
+                        lambda cls, folder: _TruthWhenAlone(stack.layout.vocab_size, clean))
+    report = word_probe(model_dir, tokens, stack.text)
+    assert set(report["by_objects"]) == set(report["in_view"]) == {"1", "2"}
+    assert report["accuracy"] == 0.0  # every attribute word hidden at once: nothing to bind from
+    assert all(row["accuracy"] == 1.0 for row in report["in_view"].values())  # each alone: every one named
+    assert sum(row["words"] for row in report["in_view"].values()) == report["words"]
+    assert report["in_view"]["2"]["words"] > report["in_view"]["1"]["words"]  # the pair has more attribute words
