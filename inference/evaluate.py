@@ -714,8 +714,9 @@ def format_table(report: dict) -> str:
             lines.append(f"  {direction} sampled with {json.dumps(fig['sampler'])}")
         if fig.get("rival_check"):
             rivals = fig["rival_check"]
-            lines.append(f"  {direction}: {rivals['checked']} captions read from a picture checked against the relation "
-                         f"turned around, the rival kept {rivals['rival_kept']} times "
+            lines.append(f"  {direction}: {rivals['checked']} captions read from a picture checked against their "
+                         f"rivals (the relation turned around, each size and colour changed), a rival kept "
+                         f"{rivals['rival_kept']} times "
                          f"({rivals['forward_passes']:.1f} passes a check, in the passes above)")
         if fig.get("rephrased"):
             said = fig["rephrased"]

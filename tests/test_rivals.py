@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from unimodal.core.errors import SettingError
-from unimodal.core.grammar import inverse_relation, parse_scene_caption
+from unimodal.core.grammar import attribute_rivals, inverse_relation, parse_scene_caption
 
 PAIR = "a small red circle above a large blue cross"
 RIVAL = "a small red circle below a large blue cross"
@@ -28,6 +28,44 @@ def test_the_rival_turns_the_relation_around_and_keeps_every_other_character():
         assert inverse_relation(inverse_relation(text)) == text
     for text in ("a small red circle on the left", "above", "a red circle above a cross", ""):
         assert inverse_relation(text) is None  # one object, or no whole scene: no rival
+
+
+def test_rivals_one_attribute_away_change_each_objects_size_and_colour_apart():
+    blend = "a small green cross above a small green cross"  # the two objects read alike
+    rivals = attribute_rivals(blend)
+    assert "a small yellow cross above a small green cross" in rivals  # the first object's colour alone
+    assert "a small green cross above a small yellow cross" in rivals  # the second's alone
+    assert "a large green cross above a small green cross" in rivals
+    assert not any("circle" in r or "square" in r for r in rivals)  # shapes are left as read
+    scenes = [json.dumps(parse_scene_caption(r), sort_keys=True) for r in rivals]
+    assert len(set(scenes)) == len(rivals) and parse_scene_caption(blend) not in map(parse_scene_caption, rivals)
+    assert len(rivals) == 2 * (1 + 5)  # the relation turned around is the same scene for two alike objects
+    assert inverse_relation(PAIR) in attribute_rivals(PAIR) and len(attribute_rivals(PAIR)) == 1 + 2 * (1 + 5)
+    assert attribute_rivals("The picture shows a small RED square to the left of a large blue cross")[0] == \
+        "The picture shows a small RED square to the right of a large blue cross"
+    assert "A Large red circle above a large blue cross" in attribute_rivals("A Small red circle above a large blue cross")
+    for text in ("a small red circle on the left", "above", ""):
+        assert attribute_rivals(text) == []  # one object, or no scene: no rivals
+
+
+def test_a_search_reaches_a_caption_two_attributes_away_one_round_each(pipe, picture, monkeypatch):
+    import unimodal.inference.critique as critique
+    import unimodal.instructed  # noqa: F401  (imported before the score is replaced: it keeps its own reference)
+
+    target = "a small yellow circle above a large blue cross"  # PAIR's first object: another colour, and size kept
+    read = "a small red circle above a small blue cross"  # two changes from it: a colour and a size
+    truth = parse_scene_caption(target)
+
+    def score(model, layout, draft, cfg=None, reading="joint"):  # the closer to the target, the likelier
+        scene = parse_scene_caption(pipe.text_codec.decode_one(draft.tokens(layout)["text"]))
+        return -float(sum(a != b for o, t in zip(scene["objects"], truth["objects"]) for a, b in
+                          ((o[k], t[k]) for k in ("size", "color")))), 1
+
+    monkeypatch.setattr(critique, "agreement_score", score)
+    _reads_as(monkeypatch, pipe, read)
+    result = pipe.generate(image=picture, to="text", steps=3)
+    check = result.settings["rival_check"]
+    assert result.text == target and check["rounds"] == 2 and check["agreement"] == [-2.0, 0.0]
 
 
 def test_the_setting_is_checked_and_the_twin_has_no_reading_back():
@@ -98,22 +136,26 @@ def test_the_rival_is_kept_when_the_picture_reads_back_better_from_it(pipe, pict
     asked = _prefer(monkeypatch, pipe, RIVAL)
     result = pipe.generate(image=picture, to="text", steps=3)
     check = result.settings["rival_check"]
-    assert asked == [PAIR, RIVAL] and check["kept"] == "rival" and check["agreement"] == [-1.0, 0.0]
+    first = attribute_rivals(PAIR)  # round 1: every caption one attribute away; round 2: those of the rival kept
+    assert asked[0] == PAIR and set(asked[1:1 + len(first)]) == set(first) and RIVAL in first
+    assert check["kept"] == "rival" and check["agreement"] == [-1.0, 0.0] and check["rounds"] == 1
+    assert check["rival"] == RIVAL and check["rivals"] == len(asked) - 1 == len(set(asked)) - 1
     assert result.text == RIVAL and result.settings["rivals"] is True
     assert result.token_ids["text"] == pipe.text_codec.encode_one(RIVAL).tolist()
     confidence = result.confidence["text"]
     assert len(confidence) == len(result.token_ids["text"]) and all(0 <= c <= 1 for c in confidence)
-    # two reads and the rival's re-masked word: the passes of the same caption drawn unchecked, plus three
-    assert check["forward_passes"] == 3 and result.forward_passes == plain.forward_passes + 3
+    # a read a caption scored and the rival's re-masked word: the passes of the same caption drawn unchecked, plus
+    assert check["forward_passes"] == len(asked) + 1 and result.forward_passes == plain.forward_passes + len(asked) + 1
     assert json.loads(json.dumps(result.settings["rival_check"])) == check
 
 
 def test_the_caption_is_kept_when_it_reads_back_better(pipe, picture, monkeypatch):
     _reads_as(monkeypatch, pipe, PAIR)
     plain = pipe.generate(image=picture, to="text", steps=3, rivals=False)
-    _prefer(monkeypatch, pipe, PAIR)
+    asked = _prefer(monkeypatch, pipe, PAIR)
     result = pipe.generate(image=picture, to="text", steps=3)
-    assert result.settings["rival_check"]["kept"] == "read" and result.forward_passes == plain.forward_passes + 2
+    assert result.settings["rival_check"]["kept"] == "read" and result.settings["rival_check"]["rounds"] == 0
+    assert len(asked) == 1 + len(attribute_rivals(PAIR)) and result.forward_passes == plain.forward_passes + len(asked)
     assert result.text == plain.text and result.token_ids == plain.token_ids  # the model's own caption, untouched
 
 
@@ -201,17 +243,24 @@ def test_the_cli_and_the_server_take_the_setting(pipe, picture, tmp_path, capsys
         assert code == 0 and out["settings"]["text_stage"]["rephrase"] is expected
 
 
-def test_a_rival_longer_than_the_text_slots_is_skipped_and_said(pipe, picture, monkeypatch):
+def test_a_caption_longer_than_the_text_slots_is_skipped_and_said(pipe, picture, monkeypatch):
     import unimodal.rivals as rivals
 
-    long = "a small red circle below a large blue cross " + "very " * 40
-    monkeypatch.setattr(rivals, "inverse_relation", lambda text: long)
-    _reads_as(monkeypatch, pipe, PAIR)
+    long = "a small red circle above a large blue cross " + "very " * 40  # a reading the slots cannot hold
+    _reads_as(monkeypatch, pipe, long)
     plain = pipe.generate(image=picture, to="text", steps=3, rivals=False)
     result = pipe.generate(image=picture, to="text", steps=3)
     check = result.settings["rival_check"]
     assert "skipped" in check and check["forward_passes"] == 0 and result.forward_passes == plain.forward_passes
-    assert result.text == PAIR and result.token_ids == plain.token_ids
+    assert result.text == long and result.token_ids == plain.token_ids
+    # rivals longer than the slots are left out of the search, the others compared
+    monkeypatch.setattr(rivals, "attribute_rivals", lambda text: [text + " very" * 40] if text == PAIR else [])
+    _reads_as(monkeypatch, pipe, PAIR)
+    plain = pipe.generate(image=picture, to="text", steps=3, rivals=False)
+    result = pipe.generate(image=picture, to="text", steps=3)
+    check = result.settings["rival_check"]  # no rival that fits: the reading scored alone, kept as read
+    assert check["skipped"] == "no rival fits the text slots" and result.text == PAIR
+    assert check["forward_passes"] == 1 and result.forward_passes == plain.forward_passes + 1
 
 
 def test_bench_refine_starts_from_the_caption_as_read(pipe, picture, monkeypatch):
