@@ -92,9 +92,7 @@ def word_probe(model_dir: str | Path, tokens: list[dict], text_codec, batch_size
             noisy = b.ids.clone()
             for row, where in enumerate(classes):
                 noisy[row, list(where)] = MASK
-            t = (noisy == MASK).sum(1).float() / batch.maskable.sum(1).clamp_min(1)
-            out = model(noisy, t, b.segment_ids, b.positions, batch.is_target, b.attention_mask)
-            guess = out.logits.argmax(-1)  # (B, L)
+            guess = _masked_guess(model, batch, noisy)
         objects = [max(sum(name == "shape" for name in where.values()), 1) for where in classes]
         for row, where in enumerate(classes):
             for pos, name in where.items():
@@ -113,6 +111,13 @@ def word_probe(model_dir: str | Path, tokens: list[dict], text_codec, batch_size
             **({"in_view": _rates(in_view)} if in_view else {})}
 
 
+def _masked_guess(model, batch, noisy: torch.Tensor) -> torch.Tensor:
+    """A diffusion model's first choice at every slot of ``noisy`` (B, L), ``t`` its masked share of each row."""
+    b = batch.batch
+    t = (noisy == MASK).sum(1).float() / batch.maskable.sum(1).clamp_min(1)
+    return model(noisy, t, b.segment_ids, b.positions, batch.is_target, b.attention_mask).logits.argmax(-1)
+
+
 def _one_word_at_a_time(model, batch, classes: list[dict[int, str]], objects: list[int], tally: dict) -> None:
     """Each attribute word masked alone, the rest of the true caption in view: the k-th word of every row in
     the k-th forward."""
@@ -123,8 +128,7 @@ def _one_word_at_a_time(model, batch, classes: list[dict[int, str]], objects: li
             if k < len(where):
                 probed[row] = list(where)[k]
                 noisy[row, probed[row]] = MASK
-        t = (noisy == MASK).sum(1).float() / batch.maskable.sum(1).clamp_min(1)
-        guess = model(noisy, t, b.segment_ids, b.positions, batch.is_target, b.attention_mask).logits.argmax(-1)
+        guess = _masked_guess(model, batch, noisy)
         for row, pos in probed.items():
             _count(tally, objects[row], guess[row, pos] == b.ids[row, pos])
 

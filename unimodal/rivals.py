@@ -66,12 +66,11 @@ def compare_captions(pipe, conditions: Mapping[str, torch.Tensor], read: str, ri
     the passes; ``skipped`` and no scores where a caption has more tokens than the text slots), the two captions'
     ids and their two drafts (no drafts when skipped). Both captions are read in the text codec's own split of the
     words, so neither is favoured by how it was split."""
-    from unimodal.inference.critique import agreement_score, make_draft
+    from unimodal.inference.critique import agreement_score
 
     ids = [pipe.text_codec.encode_one(text).to(torch.long) for text in (read, rival)]
-    shown = [(m, conditions[m]) for m in MODALITIES if m in conditions]
     try:
-        drafts = [make_draft(pipe.layout, shown, {"text": one}) for one in ids]
+        drafts = [_drafted(pipe, conditions, one) for one in ids]
     except InputError as error:  # more tokens than the text slots: nothing to compare, said in the trace
         return {"read": read, "rival": rival, "skipped": str(error), "forward_passes": 0}, ids, []
     scores = [agreement_score(pipe.backbone, pipe.layout, draft) for draft in drafts]
@@ -79,6 +78,15 @@ def compare_captions(pipe, conditions: Mapping[str, torch.Tensor], read: str, ri
              "kept": "rival" if scores[1][0] > scores[0][0] else "read",
              "forward_passes": sum(calls for _, calls in scores)}
     return trace, ids, drafts
+
+
+def _drafted(pipe, conditions: Mapping[str, torch.Tensor], caption_ids: torch.Tensor):
+    """The draft that reads the picture among ``conditions`` back from a caption: the conditions shown, the
+    caption's ids as its text (InputError when they are more than the text slots)."""
+    from unimodal.inference.critique import make_draft
+
+    shown = [(m, conditions[m]) for m in MODALITIES if m in conditions]
+    return make_draft(pipe.layout, shown, {"text": caption_ids})
 
 
 def best_rival(pipe, conditions: Mapping[str, torch.Tensor], read: str, rounds: int = ATTRIBUTE_ROUNDS
@@ -91,18 +99,17 @@ def best_rival(pipe, conditions: Mapping[str, torch.Tensor], read: str, rounds: 
     rival; ``agreement``: the two scores; ``rivals``: captions scored; ``rounds``: rounds that moved), the two
     captions' ids and drafts. With ``rounds`` 0, the relation turned around alone (the check as it was first
     built)."""
-    from unimodal.inference.critique import agreement_score, make_draft
+    from unimodal.inference.critique import agreement_score
 
     if rounds == 0:
         rival = inverse_relation(read)
         return compare_captions(pipe, conditions, read, rival) if rival else ({}, [], [])
     if not attribute_rivals(read):
         return {}, [], []  # not two objects: nothing to compare, no pass spent
-    shown = [(m, conditions[m]) for m in MODALITIES if m in conditions]
 
     def scored(text):
         ids = pipe.text_codec.encode_one(text).to(torch.long)
-        draft = make_draft(pipe.layout, shown, {"text": ids})
+        draft = _drafted(pipe, conditions, ids)
         score, calls = agreement_score(pipe.backbone, pipe.layout, draft)
         return score, calls, ids, draft
 

@@ -13,7 +13,6 @@ Attributes of a scene are a dict ``{"objects": [obj, ...], "relation": str | Non
 from __future__ import annotations
 
 import json
-
 import re
 
 SHAPES = ("circle", "square", "triangle", "cross")
