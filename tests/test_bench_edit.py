@@ -65,6 +65,7 @@ def test_speech_edits_run_through_the_speech_judge(tiny_caption_model_dir, tmp_p
     row = report["rows"][0]
     assert report["modality"] == "audio" and set(report["sampler"]) == {"regeneration", "read_back"}
     assert report["speech_margin"] == 0.25 and "0.25 s redone either side of the word" in out
+    assert report["refine_rounds"] == 0 and row.get("refine") is None  # none unless asked
     assert row.get("refused") or row["regions"][0][1] - row["regions"][0][0] <= 0.5 + 1e-9
     assert row.get("refused") or (row["outside_changed"] == 0 and len(row["regions"][0]) == 2)
     assert isinstance(row["source_heard"], str) and (row.get("refused") or isinstance(row["heard"], str))
@@ -73,6 +74,10 @@ def test_speech_edits_run_through_the_speech_judge(tiny_caption_model_dir, tmp_p
                             "--speech-margin", "0.25", "--voices", "clear")
     assert clear["voices"] == "clear" and "spoken in the clear voices" in out
     assert clear["rows"][0]["caption"] == row["caption"]  # the same scene and caption, another voice
+    rounds, out = bench_edit(capsys, tiny_caption_model_dir, tmp_path / "rounds", "--n", "1", "--modality", "audio",
+                             "--refine-rounds", "1")
+    assert rounds["refine_rounds"] == 1 and "refined inside it for up to 1 round(s)" in out
+    assert rounds["rows"][0].get("refused") or rounds["rows"][0]["refine"]["critic"] == "confidence"
     code, _, err = run(capsys, "bench", "compare", tmp_path / "bench", tmp_path / "clear")
     assert code == 2 and "share no direction" in err  # other voices: other cases, not paired
 
@@ -210,6 +215,12 @@ def test_bench_edit_refuses_bad_input_before_the_model_loads(tiny_caption_model_
     assert code == 2 and "--touch-up reviews a pixel draft" in err and not (tmp_path / "f").exists()
     code, _, err = run(capsys, "bench", "edit", *model, "--speech-margin", "0.6", "--out", tmp_path / "g")
     assert code == 2 and "--speech-margin widens the stretch a speech edit redoes; image edits" in err
+    code, _, err = run(capsys, "bench", "edit", *model, "--refine-rounds", "2", "--out", tmp_path / "g")
+    assert code == 2 and "--refine-rounds reviews the stretch a speech edit redid; image edits" in err
+    for bad in ("-1", "33", "two"):
+        code, _, err = run(capsys, "bench", "edit", *model, "--modality", "audio", "--refine-rounds", bad,
+                           "--out", tmp_path / "g")
+        assert code == 2 and "--refine-rounds must be a whole number from 0 (none) to 32" in err
     for bad in ("0", "17", "two"):
         code, _, err = run(capsys, "bench", "edit", *model, "--attempts", bad, "--out", tmp_path / "h")
         assert code == 2 and "--attempts must be a whole number from 1 to 16" in err and not (tmp_path / "h").exists()

@@ -465,6 +465,45 @@ def test_a_speech_edit_redoes_the_seconds_of_the_word(pipe):
     assert region["seconds"][0] <= narrow["seconds"][0] and narrow["seconds"][1] <= region["seconds"][1]
 
 
+def test_a_speech_edit_is_refined_inside_its_stretch_only(pipe, monkeypatch):
+    """``refine=N``: the critic's rounds after the edit re-mask codes of the redone stretch alone (none by default).
+    The tiny model's confidence critic flags nothing, so the rounds here re-mask at random (ReMDM's baseline),
+    which would touch every part of the clip if let."""
+    from unimodal import instructed
+
+    clip = pipe.generate(text=PROMPT, to="audio", seed=0, max_audio_seconds=1.0, temperature=1.0, steps=4)
+    said = "say 'blue' instead of 'red'"
+    unrefined, plain = pipe.edit(clip, instruction=said, text=PROMPT, **FAST)
+    assert plain["plan"]["refine"] is None  # no rounds unless asked
+    real = instructed.refine_result
+    monkeypatch.setattr(instructed, "refine_result", lambda *a, **k: real(*a, critic="random", fraction=0.5, **k))
+    edited, trace = pipe.edit(clip, instruction=said, text=PROMPT, refine=2, **FAST)
+    summary = trace["plan"]["refine"]
+    assert summary["critic"] == "random" and 1 <= summary["rounds_run"] <= 2, summary["stopped"]
+    # a round was kept (seeded): the stretch differs from the same edit unrefined, and nothing outside it
+    assert summary["rounds_kept"] >= 1 and edited.token_ids["audio"] != unrefined.token_ids["audio"]
+    (region,) = trace["plan"]["regions"]
+    inside = set(pipe.layout.audio_span_to_positions(*region["seconds"], n_codes=len(clip.token_ids["audio"])).tolist())
+    assert _outside(clip.token_ids["audio"], edited.token_ids["audio"], inside) == []
+    assert trace["tokens_changed"]["outside"] == 0 and json.loads(json.dumps(trace)) == trace
+    assert trace["passes"]["execute"] > plain["passes"]["execute"]  # the rounds' passes are counted
+    assert edited.forward_passes == trace["forward_passes"]
+
+
+def test_refine_after_an_edit_is_checked_and_belongs_to_speech(pipe, monkeypatch):
+    from unimodal import instructed
+
+    monkeypatch.setattr(instructed, "edit", lambda *a, **k: pytest.fail("the edit ran"))
+    for bad in (-1, 1.5, "two", True):
+        with pytest.raises(SettingError, match="refine must be a whole number of rounds"):
+            pipe.edit(PROMPT, instruction="say 'blue' instead of 'red'", refine=bad)
+    with pytest.raises(InputError, match="refine rounds after an edit review the stretch of speech it redid; this "
+                                         "content is image"):
+        pipe.edit(_scene(ONE)[0], instruction="make the circle blue", text=PROMPT, refine=1)
+    edited, _ = pipe.edit(PROMPT, instruction="replace 'small' by 'large'", refine=0)  # 0 is nothing to refuse
+    assert edited.text == "a large red circle on the left"
+
+
 def test_speech_margin_is_checked_and_belongs_to_speech(pipe, monkeypatch):
     from unimodal import instructed
 

@@ -162,7 +162,7 @@ def test_the_self_critique_tools_have_a_schema_for_every_argument(seen):
                            "regions", "out", "trace", "seed", "evaluator", "patience", "source", "model_caption",
                            "repair"},
                 "edit": {"input", "prompt", "box", "seconds", "chars", "instruction", "out", "trace", "seed",
-                         "candidates", "attempts", "draft", "speech_margin"}}
+                         "candidates", "attempts", "draft", "speech_margin", "refine"}}
     for name, arguments in expected.items():
         properties = tools[name].input_schema["properties"]
         assert set(properties) == arguments, name

@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from unimodal.checks import EDIT_ATTEMPTS, check_speech_margin
+from unimodal.checks import EDIT_ATTEMPTS, MAX_REFINE_ROUNDS, check_speech_margin
 from unimodal.checks_refine import REGION_KEYS
 from unimodal.core.errors import InputError, OutputPathError
 from unimodal.core.grammar import COLORS, POSITIONS, SHAPES
@@ -78,10 +78,10 @@ def edit_instruction(truth: dict, k: int, modality: str = "image", change: str =
 
 
 def check_edit_options(modality: str, change: str = "colour", draft: bool = True, touch_up: bool = False,
-                       speech_margin: float | None = None) -> None:
+                       speech_margin: float | None = None, refine: int | None = None) -> None:
     """Refuse options that do not fit the content edited, named by their ``bench edit`` flags: a change other
     than colour, ``--no-draft`` and ``--touch-up`` are for pictures; a touch-up reviews a draft;
-    ``--speech-margin`` is for speech."""
+    ``--speech-margin`` and ``--refine-rounds`` are for speech."""
     if modality not in MODALITIES:
         raise InputError(f"bench edit edits one of {MODALITIES}, got {modality!r}")
     if change not in CHANGES:
@@ -95,6 +95,12 @@ def check_edit_options(modality: str, change: str = "colour", draft: bool = True
         if modality != "audio":
             raise InputError(f"--speech-margin widens the stretch a speech edit redoes; {modality} edits have none")
         check_speech_margin(speech_margin, "--speech-margin")
+    if refine is not None:
+        if modality != "audio":
+            raise InputError(f"--refine-rounds reviews the stretch a speech edit redid; {modality} edits have none")
+        if isinstance(refine, bool) or not isinstance(refine, int) or not 0 <= refine <= MAX_REFINE_ROUNDS:
+            raise InputError(f"--refine-rounds must be a whole number from 0 (none) to {MAX_REFINE_ROUNDS}, "
+                             f"got {refine!r}")
 
 
 def edit_cases(cases: Sequence, change: str) -> list:
@@ -144,7 +150,7 @@ def _judge(judge, modality: str, content, scene: dict, change: str = "colour",
 
 def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modality: str = "image",
               change: str = "colour", draft: bool = True, touch_up: bool = False,
-              speech_margin: float | None = None, attempts: int | None = None) -> dict:
+              speech_margin: float | None = None, attempts: int | None = None, refine: int | None = None) -> dict:
     """One case's row: the instruction, the judge's and the self-check's verdicts, codes changed, passes."""
     instruction = edit_instruction(case.truth, k, modality, change)
     source = getattr(case, modality)  # the case's picture, clip or caption
@@ -158,7 +164,8 @@ def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modalit
                                   text=None if modality == "text" else case.text, seed=derived_seed(seed, k),
                                   candidates=candidates, attempts=attempts, modality=modality,
                                   **({"draft": draft, "touch_up": touch_up} if modality == "image" else {}),
-                                  **({"speech_margin": speech_margin} if speech_margin is not None else {}))
+                                  **({"speech_margin": speech_margin} if speech_margin is not None else {}),
+                                  **({"refine": refine} if refine is not None else {}))
     except InputError as error:  # the plan refused it: counted as not right, said why
         return {**row, "refused": str(error), "judged_right": False, "asked_right": False, "verdict": False,
                 "outside_changed": 0, "inside": 0, "regions": [], "located_by": None, "passes": 0,
@@ -173,7 +180,8 @@ def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modalit
             "regions": [r[region_key] for r in plan["regions"]], "located_by": plan["located_by"],
             "passes": trace["forward_passes"], "candidates": plan.get("candidates"), "attempts": plan.get("attempts"),
             "draft": plan.get("draft"),
-            "touch_up": plan.get("touch_up"), "seconds": round(time.perf_counter() - start, 2), **extra}
+            "touch_up": plan.get("touch_up"), "refine": plan.get("refine"),
+            "seconds": round(time.perf_counter() - start, 2), **extra}
 
 
 def counted(row: dict, key: str) -> bool:
@@ -201,7 +209,7 @@ def summarise(rows: Sequence[dict]) -> dict:
 
 def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool = True, candidates: int = 1,
                modality: str = "image", change: str = "colour", draft: bool = True, touch_up: bool = False,
-               speech_margin: float | None = None, attempts: int | None = None) -> dict:
+               speech_margin: float | None = None, attempts: int | None = None, refine: int | None = None) -> dict:
     """The report: settings, one row per case, and the summary (see :func:`summarise`); ``candidates``:
     regenerations per edit, the one that agrees best with the target kept; ``attempts``: executions of an edit
     the model redraws until its check reads the target back (None: the library's default); ``modality``: edit
@@ -210,12 +218,13 @@ def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool 
     ``change``: what a picture edit asks for (:data:`CHANGES`; a move is asked of one-object scenes only);
     ``draft``: whether a picture edit may start from the object's own pixels, ``touch_up``: whether the model
     then redraws the drafted codes it doubts (see :func:`unimodal.instructed.instructed_edit`);
-    ``speech_margin``: seconds either side of the word a speech edit redoes (None: the library's 0.4)."""
+    ``speech_margin``: seconds either side of the word a speech edit redoes (None: the library's 0.4);
+    ``refine``: rounds of the speech critic's refine inside that stretch (None: the library's, none)."""
     from tqdm.auto import tqdm
 
     if not cases:
         raise InputError("bench edit needs at least one case")
-    check_edit_options(modality, change, draft, touch_up, speech_margin)
+    check_edit_options(modality, change, draft, touch_up, speech_margin, refine)
     cases = edit_cases(cases, change)
     if not cases:
         raise InputError(f"no case of this split takes a {change} edit")
@@ -226,7 +235,7 @@ def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool 
     start, rows = time.perf_counter(), []
     for k, case in enumerate(tqdm(cases, desc="edits", unit="case", disable=not progress, leave=False)):
         rows.append(edit_case(pipe, case, k, seed, judge, candidates, modality, change, draft, touch_up,
-                              speech_margin, attempts))
+                              speech_margin, attempts, refine))
     seconds = round(time.perf_counter() - start, 1)
     kinds = {"regeneration": modality, "read_back": "text"} if modality != "text" else {}  # a caption is spliced
     sampler = {role: {k: v for k, v in pipe._sampler_config({}, kind).__dict__.items() if k in SAMPLER_KEYS}
@@ -237,6 +246,7 @@ def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool 
             "change": change if modality == "image" else "colour", "draft": draft if modality == "image" else None,
             "touch_up": touch_up if modality == "image" and draft else None,
             "speech_margin": (SPEECH_MARGIN if speech_margin is None else speech_margin) if modality == "audio" else None,
+            "refine_rounds": (refine or 0) if modality == "audio" else None,
             "seconds": seconds, "summary": summarise(rows), "rows": rows}
 
 
@@ -270,6 +280,8 @@ def format_table(report: dict) -> str:
                      else ", the drafted codes kept as encoded")
     if modality == "audio" and report.get("speech_margin") is not None:
         what += f", {report['speech_margin']:g} s redone either side of the word"
+        if report.get("refine_rounds") is not None:  # a report from before the option says nothing of it
+            what += f", then refined inside it for up to {report['refine_rounds']} round(s) by the speech critic"
     if modality == "audio":
         what += f", the sources spoken in the {report.get('voices', 'varied')} voices"
     lines.append(f"n={report['n']} scenes {report.get('split', 'test')} cases, {what}, seed "

@@ -18,8 +18,8 @@ from numbers import Real
 from pathlib import Path
 
 from unimodal.checks import (_SETTING_CHECKS, _bool_setting, _int_setting, _readable_file, _real_setting,
-                             check_attempts, check_audio_file, check_candidates, check_image_file, check_speech_margin,
-                             check_text, check_writable)
+                             check_attempts, check_audio_file, check_candidates, check_image_file, check_refine_rounds,
+                             check_speech_margin, check_text, check_writable)
 from unimodal.core.errors import EmptyInputError, InputError, InputFileError, OutputPathError, SettingError
 from unimodal.core.instructions import parse_instruction, require_fits
 from unimodal.core.paths import OUTPUT_SUFFIXES, user_path
@@ -36,7 +36,7 @@ OP_KEYS = {"critique": COMMON_KEYS + PLAN_KEYS,
            "refine": COMMON_KEYS + PLAN_KEYS + ("rounds", "budget", "regions", "trace", "evaluator", "patience",
                                                 "repair"),
            "edit": COMMON_KEYS + tuple(REGION_KEYS) + ("instruction", "trace", "candidates", "attempts", "draft",
-                                                                   "speech_margin")}
+                                                                   "speech_margin", "refine")}
 EVALUATORS = ("critic", "agreement", "agreement-each")  # mirrors unimodal.inference.refine.EVALUATORS
 
 
@@ -154,6 +154,8 @@ def _options(op: str, request: Mapping, modality: str) -> dict:
         options["speech_margin"] = _speech_margin(request, modality)
     if request.get("attempts") is not None:
         options["attempts"] = _attempts(request)
+    if op == "edit" and request.get("refine") is not None:
+        options["refine"] = _edit_refine(request, modality)
     if op == "edit" and request.get("instruction") is not None:
         options["instruction"] = _instruction(request, modality)
     elif op == "edit":
@@ -188,6 +190,14 @@ def _speech_margin(request: Mapping, modality: str) -> float:
         raise InputError("speech_margin widens the stretch an instructed speech edit redoes; give it only with "
                          "instruction= on a clip")
     return check_speech_margin(request["speech_margin"])
+
+
+def _edit_refine(request: Mapping, modality: str) -> int:
+    """``refine`` of an edit: the speech critic's rounds inside the stretch an instructed speech edit redid."""
+    if request.get("instruction") is None or modality != "audio":
+        raise InputError("refine (of an edit) reviews the stretch an instructed speech edit redid; give it only with "
+                         "instruction= on a clip")
+    return check_refine_rounds(request["refine"])
 
 
 def _attempts(request: Mapping) -> int:

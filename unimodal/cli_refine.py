@@ -29,7 +29,7 @@ FLAGS = {"input": "--in", "prompt": "--prompt", "out": "--out", "seed": "--seed"
          "trace": "--trace", "patience": "--patience", "candidates": "--candidates", "attempts": "--attempts",
          "draft": "--no-draft", "source": "--source", "model_caption": "--model-caption", "box": "--box",
          "seconds": "--seconds", "chars": "--chars", "instruction": "--instruction", "speech_margin": "--speech-margin",
-         "repair": "--repair"}
+         "repair": "--repair", "refine": "--refine-rounds"}
 
 
 def _checked(op: str, args, **keys):
@@ -140,7 +140,7 @@ def _cmd_edit(args) -> int:
                        instruction=args.instruction, trace=args.trace, candidates=args.candidates,
                        attempts=args.attempts,
                        draft=None if args.draft else False,  # only a refusal of the default travels
-                       speech_margin=args.speech_margin)
+                       speech_margin=args.speech_margin, refine=args.refine_rounds)
     if checked.out is None:
         raise InputError("--out is required: where the edited output goes (.png, .wav or .txt, as --in)")
     pipe = load_pipeline(args.model, args.device)
@@ -150,6 +150,8 @@ def _cmd_edit(args) -> int:
         print(f"target {plan['target']!r}; regions {[_where(r) for r in plan['regions']]}; read back "
               f"{check['read_back']!r}: {'done' if check['parses_to_target'] else 'not done'}; "
               f"{trace['forward_passes']} forward passes")
+        if plan.get("refine"):  # a speech edit is refined by default: say so, and what it did
+            print(refine_line(plan["refine"]))
     _printed_files(files)
     return 0
 
@@ -268,7 +270,7 @@ def _cmd_bench_edit(args) -> int:
     from unimodal.bench_edit import bench_edit, check_edit_options, format_table, save_report
 
     check_seed(args.seed, "--seed")
-    check_edit_options(args.modality, args.change, args.draft, args.touch_up, args.speech_margin)
+    check_edit_options(args.modality, args.change, args.draft, args.touch_up, args.speech_margin, args.refine_rounds)
     _check_voices(args.voices, args.modality == "audio", "only speech edits (--modality audio) hear them")
     out = user_path(args.out, "--out", OutputPathError)
     check_writable(out, is_folder=True)  # a file, or a folder that takes no new file, is refused here
@@ -284,7 +286,7 @@ def _cmd_bench_edit(args) -> int:
     pipe = load_pipeline(model_dir, args.device)
     report = bench_edit(pipe, cases, args.seed, judge, candidates=args.candidates, modality=args.modality,
                         change=args.change, draft=args.draft, touch_up=args.touch_up,
-                        speech_margin=args.speech_margin, attempts=args.attempts)
+                        speech_margin=args.speech_margin, attempts=args.attempts, refine=args.refine_rounds)
     report.update(model=str(model_dir), model_hash=model_hash(model_dir), split=args.split, voices=args.voices)
     print(format_table(report))
     print(save_report(report, out))
@@ -328,6 +330,20 @@ def _checked_count(flag: str, check_name: str, maximum_name: str):
 
 _candidates = _checked_count("--candidates", "check_candidates", "MAX_CANDIDATES")
 _attempts = _checked_count("--attempts", "check_attempts", "MAX_ATTEMPTS")
+
+
+def _refine_rounds(value: str) -> int:
+    """An argparse type: ``--refine-rounds`` of an edit (0 .. MAX_REFINE_ROUNDS), refused with the flag's name."""
+    from unimodal.checks import MAX_REFINE_ROUNDS
+
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= MAX_REFINE_ROUNDS:
+        raise argparse.ArgumentTypeError(f"--refine-rounds must be a whole number from 0 (none) to "
+                                         f"{MAX_REFINE_ROUNDS}, got {value!r}")
+    return number
 
 
 def _positive(flag: str):
@@ -417,6 +433,9 @@ def add_refine_commands(sub) -> None:
                       "colour, size or place from the object's own pixels")
     edit.add_argument("--speech-margin", type=_speech_margin, default=None, metavar="SECONDS", help="--instruction "
                       "on a clip: seconds either side of the word's middle that the edit redoes (0.4)")
+    edit.add_argument("--refine-rounds", type=_refine_rounds, default=None, metavar="ROUNDS", help="--instruction on "
+                      "a clip: rounds of the speech critic's refine inside the stretch the edit redid, before the "
+                      "check (default 0: none; measured, no gain on test clips, docs/critique.md)")
     edit.set_defaults(func=_cmd_edit)
 
 
@@ -522,6 +541,8 @@ def add_bench_edit_command(bench) -> None:
                      "the object's box from the target caption instead of starting from its pixels moved")
     sub.add_argument("--speech-margin", type=_speech_margin, default=None, metavar="SECONDS", help="speech edits: "
                      "seconds either side of the word's middle that each edit redoes (0.4)")
+    sub.add_argument("--refine-rounds", type=_refine_rounds, default=None, metavar="ROUNDS", help="speech edits: "
+                     "rounds of the speech critic's refine inside the stretch each edit redid (default 0: none)")
     sub.add_argument("--touch-up", action="store_true", help="picture edits from a draft: the model then reviews "
                      "the drafted codes and redraws the ones it doubts (default: they stay as encoded)")
     sub.add_argument("--out", default="bench-edit", help="folder for bench_edit.json (every case's row and the "

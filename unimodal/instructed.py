@@ -29,7 +29,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from unimodal.checks import EDIT_ATTEMPTS, check_attempts, check_speech_margin
+from unimodal.checks import EDIT_ATTEMPTS, check_attempts, check_refine_rounds, check_speech_margin
 from unimodal.core.errors import InputError, SettingError
 from unimodal.core.grammar import COLORS, IMAGE_SIZE, POSITIONS, SIZES, parse_scene_caption, scene_caption, scenes_equal
 from unimodal.core.instructions import apply_instruction, parse_instruction, replace_word, require_fits
@@ -37,7 +37,8 @@ from unimodal.core.seeds import check_seed, derived_seed
 from unimodal.inference.critique import agreement_score, image_region, text_offsets
 from unimodal.inference.picture_draft import dilated, draft_picture
 from unimodal.inputs import as_image
-from unimodal.refine import SPEECH_MARGIN, _decoded, _differences, as_result, critique, draft_of, edit, speech_span
+from unimodal.refine import (SPEECH_MARGIN, _decoded, _differences, as_result, critique, draft_of, edit,
+                             refine as refine_result, speech_span)
 from unimodal.results import GenerationResult
 from unimodal.rivals import compare_captions
 
@@ -51,7 +52,8 @@ _PAIR_SIDES = {"left of": ("left", "right"), "right of": ("right", "left"), "abo
 
 def instructed_edit(pipe, content, instruction: str, region=None, text: str | None = None, image=None, audio=None,
                     modality: str | None = None, seed: int = 0, candidates: int = 1, attempts: int | None = None,
-                    draft: bool = True, touch_up: bool = False, speech_margin: float | None = None, **settings):
+                    draft: bool = True, touch_up: bool = False, speech_margin: float | None = None,
+                    refine: int | None = None, **settings):
     """Edit ``content`` as ``instruction`` asks; returns (the edited result, a JSON-ready trace).
 
     ``text``: what the content says (the caption a picture was made from, the words a clip speaks), used instead
@@ -68,8 +70,13 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     whole region from the target description; ``touch_up``: the model then reviews the drafted codes and
     redraws the ones it doubts (off by default: on 64 test scenes it broke more edits than it fixed,
     docs/critique.md); ``speech_margin``: seconds either side of the word's middle that a speech edit redoes
-    (:data:`unimodal.refine.SPEECH_MARGIN`, 0.4, when None; speech only); ``settings``: sampler settings of the
-    read-backs and the regeneration."""
+    (:data:`unimodal.refine.SPEECH_MARGIN`, 0.4, when None; speech only); ``refine``: rounds of the speech
+    critic's refine after each execution of a speech edit, inside the stretch it redid (the codes it flags there
+    said again with the target words in view, a round kept only when the critic's score rises; nothing outside the
+    stretch is re-masked), before the check reads it back (None or 0: none; speech only; measured on the shipped
+    model, 96 test clips in each voice set: 2 rounds moved 1 and 5 verdicts, evenly, at 1.3x the passes,
+    docs/critique.md, "Speech edits refined inside their stretch");
+    ``settings``: sampler settings of the read-backs and the regeneration."""
     parsed = parse_instruction(instruction)
     asked_attempts = None if attempts is None else check_attempts(attempts)
     check_seed(seed, error=SettingError)  # before its attempts' seeds are derived from it
@@ -89,6 +96,12 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     require_fits(parsed, kind)
     if speech_margin is not None and kind != "audio":
         raise InputError(f"speech_margin widens the stretch a speech edit redoes; this content is {kind}")
+    if refine is not None:
+        refine = check_refine_rounds(refine)
+        if refine and kind != "audio":
+            raise InputError(f"refine rounds after an edit review the stretch of speech it redid; this content is "
+                             f"{kind} (pictures and captions are checked by reading them back)")
+    rounds = (refine or 0) if kind == "audio" else 0
     rgb = _pixels(pipe, content, result, kind)
     planner = _PLANNERS[kind]
     if kind == "audio":
@@ -102,7 +115,7 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
             plan["attempts"] = f"{attempts} asked, one made: this sampler draws the same region every time (greedy)"
             attempts = 1
         edited, check, execute_passes, check_passes = _attempt(pipe, result, plan, kind, seed, settings,
-                                                               candidates, attempts)
+                                                               candidates, attempts, rounds)
     else:
         if drafted is None:
             edited, execute_passes = _execute(pipe, result, plan, kind, seed, settings, candidates)
@@ -122,6 +135,8 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
                        drawing=drafted is not None and not touch_up)
         check_passes = check.pop("forward_passes")
     passes = {"plan": plan.pop("forward_passes"), "execute": execute_passes, "check": check_passes}
+    if kind == "audio":  # what the kept execution's refine did (None: no rounds asked)
+        plan["refine"] = edited.settings.get("refine")
     trace = {"instruction": parsed.to_dict(), "modality": kind, "plan": plan,
              "tokens_changed": _tokens_changed(pipe, result, edited, kind, plan), "check": check,
              "forward_passes": sum(passes.values()), "passes": passes}
@@ -348,24 +363,49 @@ def picture_boxes(rgb: np.ndarray, source: dict, target: dict, index: int) -> tu
 # ---- execute and check --------------------------------------------------------------------------------------------
 
 
-def _execute(pipe, result, plan: dict, kind: str, seed: int, settings, candidates: int = 1):
-    """The edited result and its forward passes: the described edit, or a caption's exact splice."""
+def _execute(pipe, result, plan: dict, kind: str, seed: int, settings, candidates: int = 1, rounds: int = 0):
+    """The edited result and its forward passes: the described edit, or a caption's exact splice; a speech edit
+    then refined ``rounds`` rounds inside its stretch (:func:`_refine_stretch`)."""
     if kind == "text":
         return splice_caption(pipe, result, plan), 0
     edited = edit(pipe, result, plan["regions"], text=plan["target"], seed=seed, candidates=candidates, **settings)
     if "candidates" in edited.settings["edit"]:
         plan["candidates"] = {k: edited.settings["edit"][k] for k in ("candidates", "kept", "agreement")}
-    return edited, edited.forward_passes
+    passes = edited.forward_passes
+    if kind == "audio" and rounds > 0:
+        edited, refine_passes = _refine_stretch(pipe, edited, plan, seed, rounds)
+        passes += refine_passes
+    return edited, passes
 
 
-def _attempt(pipe, result, plan: dict, kind: str, seed: int, settings, candidates: int, attempts: int):
+def _refine_stretch(pipe, edited, plan: dict, seed: int, rounds: int):
+    """A speech edit's result refined by the default speech critic inside the stretch it redid: everything before
+    and after the stretch is kept (``refine(keep=...)``), the target words are the condition. A word said anew
+    is where an edited clip's garbled sounds are (the model's own read-back hears it as the target where a
+    listener does not), the flaw ``generate``'s speech refine reduces in a clip drawn whole. The refined result
+    (its ``settings["refine"]``: what ran) and the passes refine spent."""
+    duration = len(edited.token_ids["audio"]) / pipe.layout.audio_frame_rate
+    keep, at = [], 0.0
+    for start, end in sorted(region["seconds"] for region in plan["regions"]):  # the gaps around the stretches
+        if start > at:
+            keep.append({"modality": "audio", "seconds": [at, start]})
+        at = max(at, end)
+    if duration > at:
+        keep.append({"modality": "audio", "seconds": [at, duration]})
+    refined, trace = refine_result(pipe, edited, text=plan["target"], rounds=rounds, seed=seed, keep=keep)
+    return refined, trace["forward_passes"]
+
+
+def _attempt(pipe, result, plan: dict, kind: str, seed: int, settings, candidates: int, attempts: int,
+             rounds: int = 0):
     """Execute and check until the check reads the target back, at most ``attempts`` times (attempt ``a`` draws
     from seed ``seed + a * candidates``, so no two draws share a seed); when none reads back as the target, the
     attempt whose read-back agrees best with it (the agreement score) is kept. The kept result, its check,
     and the execute and check passes of all the attempts; ``plan["attempts"]`` records each attempt."""
     tried, execute_passes, check_passes = [], 0, 0
     for a in range(attempts):
-        edited, passes = _execute(pipe, result, plan, kind, derived_seed(seed, a * candidates), settings, candidates)
+        edited, passes = _execute(pipe, result, plan, kind, derived_seed(seed, a * candidates), settings, candidates,
+                                  rounds)
         check = _check(pipe, edited, kind, plan["target"], seed, settings)
         execute_passes, check_passes = execute_passes + passes, check_passes + check.pop("forward_passes")
         tried.append((edited, check, plan.pop("candidates", None)))

@@ -370,6 +370,10 @@ def edit_tool(runner: Runner):
             gt=0, le=MAX_SPEECH_MARGIN,
             description="an instructed speech edit: seconds either side of the word's middle that it redoes "
                         "(default 0.4)")] = None,
+        refine: Annotated[int | None, Field(
+            ge=0, le=MAX_REFINE_ROUNDS,
+            description="an instructed speech edit: rounds of the speech critic's refine inside the stretch it "
+                        "redid, before the check (default 0: none)")] = None,
         seed: Seed = 0,
     ) -> list:
         with _answering():
