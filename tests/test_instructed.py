@@ -500,8 +500,8 @@ def test_refine_after_an_edit_is_checked_and_belongs_to_speech(pipe, monkeypatch
     with pytest.raises(InputError, match="refine rounds after an edit review the stretch of speech it redid; this "
                                          "content is image"):
         pipe.edit(_scene(ONE)[0], instruction="make the circle blue", text=PROMPT, refine=1)
-    edited, _ = pipe.edit(PROMPT, instruction="replace 'small' by 'large'", refine=0)  # 0 is nothing to refuse
-    assert edited.text == "a large red circle on the left"
+    with pytest.raises(InputError, match="this content is text"):  # 0 too: the setting belongs to speech
+        pipe.edit(PROMPT, instruction="replace 'small' by 'large'", refine=0)
 
 
 def test_speech_margin_is_checked_and_belongs_to_speech(pipe, monkeypatch):

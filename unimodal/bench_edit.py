@@ -280,7 +280,7 @@ def format_table(report: dict) -> str:
                      else ", the drafted codes kept as encoded")
     if modality == "audio" and report.get("speech_margin") is not None:
         what += f", {report['speech_margin']:g} s redone either side of the word"
-        if report.get("refine_rounds") is not None:  # a report from before the option says nothing of it
+        if report.get("refine_rounds"):  # none (0, or a report from before the option): nothing to say
             what += f", then refined inside it for up to {report['refine_rounds']} round(s) by the speech critic"
     if modality == "audio":
         what += f", the sources spoken in the {report.get('voices', 'varied')} voices"

@@ -150,7 +150,7 @@ def _cmd_edit(args) -> int:
         print(f"target {plan['target']!r}; regions {[_where(r) for r in plan['regions']]}; read back "
               f"{check['read_back']!r}: {'done' if check['parses_to_target'] else 'not done'}; "
               f"{trace['forward_passes']} forward passes")
-        if plan.get("refine"):  # a speech edit is refined by default: say so, and what it did
+        if plan.get("refine"):  # a speech edit refined as asked (--refine-rounds): say what it did
             print(refine_line(plan["refine"]))
     _printed_files(files)
     return 0
