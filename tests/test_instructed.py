@@ -504,6 +504,16 @@ def test_refine_after_an_edit_is_checked_and_belongs_to_speech(pipe, monkeypatch
         pipe.edit(PROMPT, instruction="replace 'small' by 'large'", refine=0)
 
 
+def test_a_described_edit_refuses_the_instructed_edits_keywords_by_name(pipe, monkeypatch):
+    from unimodal import refine
+
+    monkeypatch.setattr(refine, "edit", lambda *a, **k: pytest.fail("the edit ran"))
+    region = {"modality": "text", "chars": [2, 7]}
+    for key, value in (("refine", 2), ("speech_margin", 0.6), ("attempts", 2), ("draft", False)):
+        with pytest.raises(InputError, match=rf"\['{key}'\] belong to an instructed edit \(instruction=...\)"):
+            pipe.edit(PROMPT, region=region, text="a large red circle on the left", **{key: value})
+
+
 def test_speech_margin_is_checked_and_belongs_to_speech(pipe, monkeypatch):
     from unimodal import instructed
 

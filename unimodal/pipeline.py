@@ -68,6 +68,8 @@ REQUEST_KEYS = ("text", "image", "audio", "to", "seed", "max_text_tokens", "max_
 # The sampler settings the autoregressive twin reads (one token a step, left to right, unguided: mode, steps, tau,
 # guidance and the rest do not apply to it): the only defaults it takes, and what its results say it decoded with
 TWIN_SETTINGS = ("temperature", "top_k", "top_p")
+# keywords of an instructed edit (unimodal.instructed.instructed_edit) that a described edit has no use for
+INSTRUCTED_ONLY = {"attempts", "draft", "touch_up", "speech_margin", "refine"}
 # Whether a request without a text input plans in words first (see UniModal.generate's ``plan``), and how. Measured
 # on the model r7 (docs/results.md, "Planning in words"): image, caption and speech from nothing agree in 0.219 of
 # 64 samples against 0.000 in one loop; pictures drawn from speech are right 0.531 against 0.156 (64 test scenes).
@@ -843,6 +845,10 @@ class UniModal(DiffusionPipeline):
         if region is None:
             raise InputError("edit needs region= (a box, seconds or chars, with text= the new description) or "
                              "instruction= (e.g. 'make the circle blue')")
+        instructed_only = sorted(set(kwargs) & INSTRUCTED_ONLY)
+        if instructed_only:  # said by name, before the content is read (not as an unknown sampler setting)
+            raise InputError(f"{instructed_only} belong to an instructed edit (instruction=...); a described edit "
+                             f"(region= and text=) takes the region, the new description and sampler settings")
         from unimodal.refine import edit
 
         return edit(self, content, region, **kwargs)
