@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from unimodal.checks import EDIT_ATTEMPTS, MAX_REFINE_ROUNDS, check_speech_margin
+from unimodal.checks import EDIT_ATTEMPTS, check_refine_rounds, check_speech_margin
 from unimodal.checks_refine import REGION_KEYS
 from unimodal.core.errors import InputError, OutputPathError
 from unimodal.core.grammar import COLORS, POSITIONS, SHAPES
@@ -98,9 +98,7 @@ def check_edit_options(modality: str, change: str = "colour", draft: bool = True
     if refine is not None:
         if modality != "audio":
             raise InputError(f"--refine-rounds reviews the stretch a speech edit redid; {modality} edits have none")
-        if isinstance(refine, bool) or not isinstance(refine, int) or not 0 <= refine <= MAX_REFINE_ROUNDS:
-            raise InputError(f"--refine-rounds must be a whole number from 0 (none) to {MAX_REFINE_ROUNDS}, "
-                             f"got {refine!r}")
+        check_refine_rounds(refine)
 
 
 def edit_cases(cases: Sequence, change: str) -> list:

@@ -333,17 +333,16 @@ _attempts = _checked_count("--attempts", "check_attempts", "MAX_ATTEMPTS")
 
 
 def _refine_rounds(value: str) -> int:
-    """An argparse type: ``--refine-rounds`` of an edit (0 .. MAX_REFINE_ROUNDS), refused with the flag's name."""
-    from unimodal.checks import MAX_REFINE_ROUNDS
+    """An argparse type: ``--refine-rounds`` of an edit as the library checks it (:func:`unimodal.checks.
+    check_refine_rounds`), refused with the flag's name before the model loads."""
+    from unimodal.checks import MAX_REFINE_ROUNDS, check_refine_rounds
+    from unimodal.core.errors import SettingError
 
     try:
-        number = int(value)
-    except ValueError:
-        number = -1
-    if not 0 <= number <= MAX_REFINE_ROUNDS:
+        return check_refine_rounds(int(value))
+    except (ValueError, SettingError):
         raise argparse.ArgumentTypeError(f"--refine-rounds must be a whole number from 0 (none) to "
-                                         f"{MAX_REFINE_ROUNDS}, got {value!r}")
-    return number
+                                         f"{MAX_REFINE_ROUNDS}, got {value!r}") from None
 
 
 def _positive(flag: str):

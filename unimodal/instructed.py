@@ -102,7 +102,7 @@ def instructed_edit(pipe, content, instruction: str, region=None, text: str | No
     if refine is not None and kind != "audio":
         raise InputError(f"refine rounds after an edit review the stretch of speech it redid; this content is "
                          f"{kind} (pictures and captions are checked by reading them back)")
-    rounds = (refine or 0) if kind == "audio" else 0
+    rounds = refine or 0  # a value other than None was refused above unless the content is speech
     rgb = _pixels(pipe, content, result, kind)
     planner = _PLANNERS[kind]
     if kind == "audio":
@@ -388,8 +388,7 @@ def _refine_stretch(pipe, edited, plan: dict, seed: int, rounds: int):
     listener does not), the flaw ``generate``'s speech refine reduces in a clip drawn whole. The refined result
     (its ``settings["refine"]``: what ran) and the passes refine spent."""
     n_codes = len(edited.token_ids["audio"])
-    inside = {k for region in plan["regions"]
-              for k in pipe.layout.audio_span_to_positions(*region["seconds"], n_codes=n_codes).tolist()}
+    inside = _speech_positions(pipe, plan["regions"], n_codes)
     outside = [k for k in range(n_codes) if k not in inside]
     keep = [{"modality": "audio", "indices": outside}] if outside else []
     refined, trace = refine_result(pipe, edited, text=plan["target"], rounds=rounds, seed=seed, keep=keep)
@@ -470,6 +469,12 @@ def _cells_changed(layout, before: np.ndarray, after: np.ndarray) -> set[int]:
 
 def _region_positions(pipe, regions) -> set[int]:
     return {int(k) for region in regions for k in pipe.layout.image_box_to_positions(region["box"]).tolist()}
+
+
+def _speech_positions(pipe, regions, n_codes: int) -> set[int]:
+    """The audio codes of a clip of ``n_codes`` that its regions (seconds) cover, in part or whole."""
+    return {int(k) for region in regions
+            for k in pipe.layout.audio_span_to_positions(*region["seconds"], n_codes=n_codes).tolist()}
 
 
 def _touch_up(pipe, drafted, plan: dict, seed: int, settings, candidates: int = 1):
@@ -563,8 +568,7 @@ def _tokens_changed(pipe, before, after, kind: str, plan: dict) -> dict:
     if kind == "image":
         inside = _region_positions(pipe, plan["regions"])
     else:
-        inside = {k for region in plan["regions"]
-                  for k in pipe.layout.audio_span_to_positions(*region["seconds"], n_codes=len(old)).tolist()}
+        inside = _speech_positions(pipe, plan["regions"], len(old))
     changed = [k for k in range(max(len(old), len(new))) if k >= min(len(old), len(new)) or old[k] != new[k]]
     return {"inside": sum(k in inside for k in changed), "outside": sum(k not in inside for k in changed)}
 
