@@ -56,6 +56,9 @@ async def session(model_dir, tmp_path):
         seen["vocabulary"] = json.loads((await client.read_resource("unimodal://vocabulary")).contents[0].text)
         seen["missing file"] = await client.call_tool("generate", {"image": str(tmp_path / "nope.png"), "to": "text"})
         seen["steps 0"] = await client.call_tool("generate", {"text": "a red circle", "steps": 0})
+        seen["steps true"] = await client.call_tool("generate", {"text": "a red circle", "steps": True})
+        seen["cfg true"] = await client.call_tool("generate", {"text": "a red circle", "cfg": {"text": True}})
+        seen["steps 2.0"] = await client.call_tool("generate", {"text": "a red circle", "steps": 2.0})
         seen["speech"] = await client.call_tool("generate", {"text": "a red circle", "to": "audio", "steps": 2})
         seen["bad out"] = await client.call_tool("generate", {"text": "a red circle", "out": str(tmp_path / "a.mp4")})
         seen["unknown tool"] = await client.call_tool("paint", {"text": "a red circle"})
@@ -123,6 +126,10 @@ def test_the_vocabulary_is_a_resource(seen):
 def test_bad_calls_are_tool_errors_that_name_the_cause(seen):
     assert seen["missing file"].is_error and "InputFileError" in texts(seen["missing file"])[0]
     assert seen["steps 0"].is_error and "greater than or equal to 1" in texts(seen["steps 0"])[0]
+    # numbers are strict, as in serve --stdio: a boolean or a float is not a count
+    for name in ("steps true", "cfg true", "steps 2.0"):
+        assert seen[name].is_error and name.split()[0] in texts(seen[name])[0], (name, texts(seen[name]))
+        assert "valid integer" in texts(seen[name])[0] or "valid number" in texts(seen[name])[0], name
     assert seen["bad out"].is_error and "OutputPathError" in texts(seen["bad out"])[0]
     assert seen["unknown tool"].is_error and "paint" in texts(seen["unknown tool"])[0]
 

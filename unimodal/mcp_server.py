@@ -41,7 +41,7 @@ import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StrictFloat, StrictInt
 
 from unimodal.checks import MAX_ATTEMPTS, MAX_CANDIDATES, MAX_REFINE_ROUNDS, MAX_SPEECH_MARGIN, check_request
 from unimodal.checks_refine import check_refine_request
@@ -50,6 +50,9 @@ from unimodal.core.paths import user_path
 from unimodal.core.seeds import SEED_LIMIT
 
 Modality = Literal["text", "image", "audio"]
+# Numbers are strict (StrictInt, StrictFloat): pydantic's lax mode would take true as 1 and 2.0 as 2, where
+# `serve --stdio` refuses both; a number sent as a JSON string ("2") is still read, as the SDK pre-parses it.
+Scale = Annotated[StrictFloat, Field(ge=0)]
 # MIME type of the image content for each image file suffix the results write.
 IMAGE_MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
 INSTRUCTIONS = ("unimodal: one masked-diffusion model that writes text, images and audio from any of them. Call "
@@ -111,37 +114,39 @@ def generate_tool(runner: Runner):
                                                      "extension names the one output (.png/.jpg image, "
                                                      ".wav/.flac audio, .txt text). Default: a fresh folder "
                                                      "under the server's output folder")] = None,
-        steps: Annotated[int | None, Field(ge=1, description="model calls (the cap in threshold mode); more than "
+        steps: Annotated[StrictInt | None, Field(ge=1, description="model calls (the cap in threshold mode); more than "
                                                              "the tokens to fill is capped and reported")] = None,
         mode: Annotated[Literal["confidence", "threshold", "semi_ar"] | None, Field(
             description="sampler: confidence (fixed steps), threshold (commit every token above tau), semi_ar "
                         "(blocks left to right)")] = None,
-        tau: Annotated[float | None, Field(gt=0, le=1, description="threshold mode: confidence to commit")] = None,
-        temperature: Annotated[float | None, Field(ge=0, description="0 = greedy")] = None,
-        top_k: Annotated[int | None, Field(ge=0, description="0 = off")] = None,
-        top_p: Annotated[float | None, Field(gt=0, le=1, description="1 = off")] = None,
-        cfg: Annotated[Annotated[float, Field(ge=0)] | dict[Modality, Annotated[float, Field(ge=0)]] | None, Field(
+        tau: Annotated[StrictFloat | None, Field(
+            gt=0, le=1, description="threshold mode: confidence to commit")] = None,
+        temperature: Annotated[StrictFloat | None, Field(ge=0, description="0 = greedy")] = None,
+        top_k: Annotated[StrictInt | None, Field(ge=0, description="0 = off")] = None,
+        top_p: Annotated[StrictFloat | None, Field(gt=0, le=1, description="1 = off")] = None,
+        cfg: Annotated[Scale | dict[Modality, Scale] | None, Field(
             description="classifier-free guidance scale, or one per input modality {'text': 3}")] = None,
-        choice_temperature: Annotated[float | None, Field(
+        choice_temperature: Annotated[StrictFloat | None, Field(
             ge=0, description="randomised commit order (MaskGIT)")] = None,
-        seed: Annotated[int | None, Field(ge=0, lt=SEED_LIMIT, description="same seed, same output; null: fresh")] = 0,
-        max_text_tokens: Annotated[int | None, Field(ge=1, description="cap on generated text tokens")] = None,
-        max_audio_seconds: Annotated[float | None, Field(gt=0, description="cap on generated audio")] = None,
-        candidates: Annotated[int | None, Field(
+        seed: Annotated[StrictInt | None, Field(
+            ge=0, lt=SEED_LIMIT, description="same seed, same output; null: fresh")] = 0,
+        max_text_tokens: Annotated[StrictInt | None, Field(ge=1, description="cap on generated text tokens")] = None,
+        max_audio_seconds: Annotated[StrictFloat | None, Field(gt=0, description="cap on generated audio")] = None,
+        candidates: Annotated[StrictInt | None, Field(
             ge=1, le=MAX_CANDIDATES,
             description="draw this many and keep the one that agrees best with the input, read back by the "
                         "model; needs temperature > 0 for text (greedy draws are all the same)")] = None,
-        accept_confidence: Annotated[float | None, Field(
+        accept_confidence: Annotated[StrictFloat | None, Field(
             le=0, description="with candidates: keep the first draw, drawing no more, when the model's confidence "
                               "score of it (mean log-probability, e.g. -0.1) reaches this")] = None,
-        accept_agreement: Annotated[float | None, Field(
+        accept_agreement: Annotated[StrictFloat | None, Field(
             le=0, description="with candidates: draw one at a time and keep the first whose agreement score (the "
                               "input read back from it, mean log-probability, e.g. -0.3) reaches this; else the "
                               "best of them all. Not with accept_confidence")] = None,
         agreement: Annotated[Literal["joint", "each"] | None, Field(
             description="with candidates: how each draw is read back to choose one: joint (the whole input at "
                         "once, the default) or each (input token by token: the words naming the content decide)")] = None,
-        refine: Annotated[int | None, Field(
+        refine: Annotated[StrictInt | None, Field(
             ge=0, le=MAX_REFINE_ROUNDS,
             description="then refine the output against the inputs for this many rounds: re-mask what the model "
                         "doubts, regenerate it, keep a round only if it reads better (3 took captions of test "
@@ -246,16 +251,16 @@ Input = Annotated[str, Field(description="the file to work on: a picture (.png/.
                                          "caption (.txt), e.g. one generate wrote")]
 Prompt = Annotated[str | None, Field(description="the text the content was made from (its condition); for edit, "
                                                  "the new description of the region")]
-Seed = Annotated[int | None, Field(ge=0, lt=SEED_LIMIT, description="same seed, same output")]
+Seed = Annotated[StrictInt | None, Field(ge=0, lt=SEED_LIMIT, description="same seed, same output")]
 Critic = Annotated[Literal["confidence", "content", "content+learned", "learned", "random"] | None, Field(
     description="who scores the tokens: confidence (the model's probability of each token when re-masked), "
                 "content (the probability of the codes that decode like it there: right content, not right id), "
                 "learned (the critic head), content+learned (both: right only when both say so; the best on "
                 "speech), random (ReMDM-style baseline). Default: content+learned for speech when the model's "
                 "critic head is trained, confidence otherwise")]
-Fraction = Annotated[float | None, Field(gt=0, le=1, description="most tokens flagged per critique, as a share "
+Fraction = Annotated[StrictFloat | None, Field(gt=0, le=1, description="most tokens flagged per critique, as a share "
                                                                  "(default 0.25)")]
-Threshold = Annotated[float | None, Field(gt=0, le=1, description="flag only tokens scored below this "
+Threshold = Annotated[StrictFloat | None, Field(gt=0, le=1, description="flag only tokens scored below this "
                                                                   "(default: the critic's own; for confidence, "
                                                                   "per modality: image 0.01, caption 0.05, "
                                                                   "speech 0.001; 0.5 for the others)")]
@@ -301,10 +306,10 @@ def refine_tool(runner: Runner):
     def refine(
         input: Input,  # noqa: A002
         prompt: Prompt = None,
-        rounds: Annotated[int | None, Field(ge=0, description="most rounds of critique -> re-mask -> regenerate "
+        rounds: Annotated[StrictInt | None, Field(ge=0, description="most rounds of critique -> re-mask -> regenerate "
                                                               "(3; with repair 0, the repair alone, which measured "
                                                               "best; 0 only with repair)")] = None,
-        budget: Annotated[int | None, Field(ge=1, description="most forward passes in all")] = None,
+        budget: Annotated[StrictInt | None, Field(ge=1, description="most forward passes in all")] = None,
         critic: Critic = None,
         fraction: Fraction = None,
         threshold: Threshold = None,
@@ -319,7 +324,7 @@ def refine_tool(runner: Runner):
             description="what keeps a round: the critic's own score (default), or agreement (the prompt read back "
                         "from the output by the model became likelier; needs prompt; agreement-each: read word "
                         "by word, a pass a word)")] = None,
-        patience: Annotated[int | None, Field(ge=1, description="rounds in a row not kept before it stops; each "
+        patience: Annotated[StrictInt | None, Field(ge=1, description="rounds in a row not kept before it stops; each "
                                                                 "retry re-plans and samples anew (default 1)")] = None,
         regions: Annotated[list[dict[Literal["box", "seconds", "chars"], list[float]]] | None, Field(
             description="your plan for the first round instead of the critic's, e.g. [{'box': [0, 16, 32, 48]}] "
@@ -354,11 +359,11 @@ def edit_tool(runner: Runner):
                                                      "Default: under the server's output folder")] = None,
         trace: Annotated[str | None, Field(description="an instructed edit: also write its plan and verdict "
                                                        "here (.json)")] = None,
-        candidates: Annotated[int, Field(
+        candidates: Annotated[StrictInt, Field(
             ge=1, le=MAX_CANDIDATES,
             description="regenerate the region this many times and keep the one that agrees best with the "
                         "description, read back by the model")] = 1,
-        attempts: Annotated[int | None, Field(
+        attempts: Annotated[StrictInt | None, Field(
             ge=1, le=MAX_ATTEMPTS,
             description="an instructed edit the model redraws (a new shape, speech): redo it until the model "
                         "reads the target back from it, at most this many times (default 4)")] = None,
@@ -366,11 +371,11 @@ def edit_tool(runner: Runner):
             description="an instructed picture edit: start a change of colour, size or place from the object's own "
                         "pixels (true, the default) or let the model redraw its box from the target caption "
                         "(false)")] = None,
-        speech_margin: Annotated[float | None, Field(
+        speech_margin: Annotated[StrictFloat | None, Field(
             gt=0, le=MAX_SPEECH_MARGIN,
             description="an instructed speech edit: seconds either side of the word's middle that it redoes "
                         "(default 0.4)")] = None,
-        refine: Annotated[int | None, Field(
+        refine: Annotated[StrictInt | None, Field(
             ge=0, le=MAX_REFINE_ROUNDS,
             description="an instructed speech edit: rounds of the speech critic's refine inside the stretch it "
                         "redid, before the check (default 0: none)")] = None,
