@@ -530,8 +530,11 @@ def test_eval_refine_rounds_judges_each_output_as_refined(caption_model, tmp_pat
     assert main(base[:8] + ["joint", "--joint-n", "2", "--steps", "2", "--refine-rounds", "1",
                             "--out", str(tmp_path / "joint")]) == 0
     assert calls == []
-    assert main(base + ["--refine-rounds", "-1", "--out", str(tmp_path / "bad")]) == 2
-    assert "--refine-rounds must be a whole number >= 0" in capsys.readouterr().err
+    for bad in ("-1", "33", "two"):  # refused by the argument parser, as generate's refine is refused
+        with pytest.raises(SystemExit) as stop:
+            main(base + ["--refine-rounds", bad, "--out", str(tmp_path / "bad")])
+        assert stop.value.code == 2
+        assert f"--refine-rounds must be a whole number from 0 (none) to 32, got '{bad}'" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
     with pytest.raises(InputError, match="refine_rounds must be an int >= 0"):
         evaluate(object(), cases, refine_rounds=-1)

@@ -36,8 +36,6 @@ def _cmd_eval(args) -> int:
 
     directions = _directions(args.directions, DIRECTIONS)
     settings = _settings(args)
-    if args.refine_rounds is not None and args.refine_rounds < 0:
-        raise InputError(f"--refine-rounds must be a whole number >= 0, got {args.refine_rounds}")
     if args.refine_critic is not None and args.refine_rounds == 0:
         raise InputError(f"--refine-critic {args.refine_critic} names the critic of the refine rounds; "
                          f"--refine-rounds 0 runs none (give one or the other)")
@@ -104,7 +102,7 @@ def _add_sampling_flags(parser, temperature_default) -> None:
 
 def add_eval_command(sub) -> None:
     from unimodal.inference.evaluate import DIRECTIONS
-    from unimodal.cli_common import EVAL_HELP, add_model_arguments
+    from unimodal.cli_common import EVAL_HELP, add_model_arguments, refine_rounds
     from unimodal.eval_cases import EVAL_SPLITS
 
     ev = sub.add_parser("eval", help=EVAL_HELP,
@@ -134,9 +132,10 @@ def add_eval_command(sub) -> None:
     ev.add_argument("--every-draw", action="store_true", help="with --candidates N: judge every draw, not only "
                     "the kept one, and print what best-of-k reaches for each k up to N, chosen by each reading "
                     "(--agreement joint and each; one run, N draws a case)")
-    ev.add_argument("--refine-rounds", type=int, default=None, help="then refine each output against its input for "
-                    "up to this many rounds, with refine's defaults for that output (a caption read from a picture: "
-                    "doubtful words redrawn and kept by agreement), and judge it as refined; joint is not refined. "
+    ev.add_argument("--refine-rounds", type=refine_rounds, default=None, metavar="ROUNDS",
+                    help="then refine each output against its input for up to this many rounds, with refine's "
+                    "defaults for that output (a caption read from a picture: doubtful words redrawn and kept by "
+                    "agreement), and judge it as refined; joint is not refined. "
                     "Default: as generate refines by default (speech alone, 2 rounds, when the model's critic head "
                     "is trained; nothing else); 0: every output as drawn")
     ev.add_argument("--refine-critic", default=None, choices=CRITICS, help="the critic the refine rounds read "

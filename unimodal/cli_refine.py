@@ -22,6 +22,7 @@ from pathlib import Path
 from unimodal.core.errors import InputError, OutputPathError
 from unimodal.core.paths import atomic_write, report_json, user_path
 from unimodal.checks_refine import EVALUATORS
+from unimodal.cli_common import refine_rounds
 
 # A request key of :func:`unimodal.checks_refine.check_refine_request` -> the flag that gives it here.
 FLAGS = {"input": "--in", "prompt": "--prompt", "out": "--out", "seed": "--seed", "critic": "--critic",
@@ -332,19 +333,6 @@ _candidates = _checked_count("--candidates", "check_candidates", "MAX_CANDIDATES
 _attempts = _checked_count("--attempts", "check_attempts", "MAX_ATTEMPTS")
 
 
-def _refine_rounds(value: str) -> int:
-    """An argparse type: ``--refine-rounds`` of an edit as the library checks it (:func:`unimodal.checks.
-    check_refine_rounds`), refused with the flag's name before the model loads."""
-    from unimodal.checks import MAX_REFINE_ROUNDS, check_refine_rounds
-    from unimodal.core.errors import SettingError
-
-    try:
-        return check_refine_rounds(int(value))
-    except (ValueError, SettingError):
-        raise argparse.ArgumentTypeError(f"--refine-rounds must be a whole number from 0 (none) to "
-                                         f"{MAX_REFINE_ROUNDS}, got {value!r}") from None
-
-
 def _positive(flag: str):
     """An argparse type: a positive int, refused with the flag's name."""
     def parse(value: str) -> int:
@@ -432,7 +420,7 @@ def add_refine_commands(sub) -> None:
                       "colour, size or place from the object's own pixels")
     edit.add_argument("--speech-margin", type=_speech_margin, default=None, metavar="SECONDS", help="--instruction "
                       "on a clip: seconds either side of the word's middle that the edit redoes (0.4)")
-    edit.add_argument("--refine-rounds", type=_refine_rounds, default=None, metavar="ROUNDS", help="--instruction on "
+    edit.add_argument("--refine-rounds", type=refine_rounds, default=None, metavar="ROUNDS", help="--instruction on "
                       "a clip: rounds of the speech critic's refine inside the stretch the edit redid, before the "
                       "check (default 0: none; measured, no gain on test clips, docs/critique.md)")
     edit.set_defaults(func=_cmd_edit)
@@ -540,7 +528,7 @@ def add_bench_edit_command(bench) -> None:
                      "the object's box from the target caption instead of starting from its pixels moved")
     sub.add_argument("--speech-margin", type=_speech_margin, default=None, metavar="SECONDS", help="speech edits: "
                      "seconds either side of the word's middle that each edit redoes (0.4)")
-    sub.add_argument("--refine-rounds", type=_refine_rounds, default=None, metavar="ROUNDS", help="speech edits: "
+    sub.add_argument("--refine-rounds", type=refine_rounds, default=None, metavar="ROUNDS", help="speech edits: "
                      "rounds of the speech critic's refine inside the stretch each edit redid (default 0: none)")
     sub.add_argument("--touch-up", action="store_true", help="picture edits from a draft: the model then reviews "
                      "the drafted codes and redraws the ones it doubts (default: they stay as encoded)")
