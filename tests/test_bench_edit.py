@@ -78,8 +78,26 @@ def test_speech_edits_run_through_the_speech_judge(tiny_caption_model_dir, tmp_p
                              "--refine-rounds", "1")
     assert rounds["refine_rounds"] == 1 and "refined inside it for up to 1 round(s)" in out
     assert rounds["rows"][0].get("refused") or rounds["rows"][0]["refine"]["critic"] == "confidence"
+    assert rounds["rows"][0].get("refused") or "refined inside it for up to 1 round(s) by the confidence critic" in out
     code, _, err = run(capsys, "bench", "compare", tmp_path / "bench", tmp_path / "clear")
     assert code == 2 and "share no direction" in err  # other voices: other cases, not paired
+
+
+def test_a_library_caller_s_bad_setting_is_raised_before_any_case():
+    """bench_edit() from Python: attempts, candidates and the rounds out of range raise (a SettingError) before a
+    case runs, not recorded as every case refused by the plan."""
+    from unimodal.bench_edit import bench_edit as run_bench
+    from unimodal.core.errors import SettingError
+
+    class NoModel:
+        def edit(self, *args, **kwargs):
+            pytest.fail("an edit ran")
+
+    for settings, message in (({"attempts": 99}, "attempts must be an int from 1 to 16"),
+                              ({"candidates": 0}, "candidates must be an int from 1 to 64"),
+                              ({"modality": "audio", "refine": 40}, "--refine-rounds must be a whole number")):
+        with pytest.raises(SettingError, match=message):
+            run_bench(NoModel(), [object()], judge=object(), progress=False, **settings)
 
 
 def test_the_summary_counts_each_group():

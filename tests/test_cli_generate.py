@@ -92,9 +92,13 @@ def test_generate_refine_refines_the_output_against_its_input(model_dir, tmp_pat
     assert code == 0, err
     assert (f"refined by the confidence critic: {summary['rounds_kept']} of {summary['rounds_run']} round(s) kept, "
             f"{summary['forward_passes']} forward passes, stopped: {summary['stopped']}") in out
-    code, _, err = run(capsys, "generate", "--model", model_dir, "--text", "a red circle", "--refine", "-1",
-                       "--out", tmp_path / "z.png")
-    assert code == 2 and "refine must be a whole number of rounds from 0" in err and not (tmp_path / "z.png").exists()
+    for bad in ("-1", "33", "2.5"):  # refused by the parser, named by its flag
+        with pytest.raises(SystemExit) as stop:  # argparse: the message on stderr, exit status 2
+            run(capsys, "generate", "--model", model_dir, "--text", "a red circle", "--refine", bad,
+                "--out", tmp_path / "z.png")
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and f"--refine must be a whole number from 0 (none) to 32, got '{bad}'" in err
+        assert not (tmp_path / "z.png").exists()
 
 
 def test_generate_json_from_files_and_to_several_outputs(model_dir, tmp_path, capsys):

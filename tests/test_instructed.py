@@ -510,8 +510,16 @@ def test_a_described_edit_refuses_the_instructed_edits_keywords_by_name(pipe, mo
     monkeypatch.setattr(refine, "edit", lambda *a, **k: pytest.fail("the edit ran"))
     region = {"modality": "text", "chars": [2, 7]}
     for key, value in (("refine", 2), ("speech_margin", 0.6), ("attempts", 2), ("draft", False)):
-        with pytest.raises(InputError, match=rf"\['{key}'\] belong to an instructed edit \(instruction=...\)"):
+        with pytest.raises(InputError, match=rf"^{key} belongs to an instructed edit \(instruction=...\)"):
             pipe.edit(PROMPT, region=region, text="a large red circle on the left", **{key: value})
+    with pytest.raises(InputError, match=r"^attempts, refine belong to an instructed edit"):
+        pipe.edit(PROMPT, region=region, text="a large red circle on the left", refine=1, attempts=2)
+    # None is each keyword's default: a caller passing every keyword to either kind of edit is not refused
+    calls = []
+    monkeypatch.setattr(refine, "edit", lambda *a, **k: calls.append(k))
+    pipe.edit(PROMPT, region=region, text="a large red circle on the left", refine=None, attempts=None,
+              speech_margin=None, draft=None, touch_up=None, seed=3)
+    assert calls == [{"text": "a large red circle on the left", "seed": 3}]
 
 
 def test_speech_margin_is_checked_and_belongs_to_speech(pipe, monkeypatch):

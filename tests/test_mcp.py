@@ -59,6 +59,9 @@ async def session(model_dir, tmp_path):
         seen["steps true"] = await client.call_tool("generate", {"text": "a red circle", "steps": True})
         seen["cfg true"] = await client.call_tool("generate", {"text": "a red circle", "cfg": {"text": True}})
         seen["steps 2.0"] = await client.call_tool("generate", {"text": "a red circle", "steps": 2.0})
+        seen["steps '2'"] = await client.call_tool("generate", {"text": "a red circle", "steps": "2"})
+        seen["rivals 'no'"] = await client.call_tool("generate", {"text": "a red circle", "rivals": "no"})
+        seen["repair 1"] = await client.call_tool("generate", {"text": "a red circle", "repair": 1})
         seen["speech"] = await client.call_tool("generate", {"text": "a red circle", "to": "audio", "steps": 2})
         seen["bad out"] = await client.call_tool("generate", {"text": "a red circle", "out": str(tmp_path / "a.mp4")})
         seen["unknown tool"] = await client.call_tool("paint", {"text": "a red circle"})
@@ -87,6 +90,7 @@ async def self_critique(client, tmp_path):
         "edit": await client.call_tool("edit", {"input": red, "box": [0, 0, 16, 16], "prompt": "a blue square",
                                                 "out": str(tmp_path / "edited.png")}),
         "bad edit": await client.call_tool("edit", {"input": red, "seconds": [0, 1]}),
+        "box of flags": await client.call_tool("edit", {"input": red, "box": [True, 0, 8, 8], "prompt": "a circle"}),
         "instructed": await client.call_tool("edit", {"input": red, "instruction": "make the square blue",
                                                       "prompt": "a large red square in the center"}),
         "bad instruction": await client.call_tool("edit", {"input": red, "instruction": "paint it blue"}),
@@ -126,10 +130,12 @@ def test_the_vocabulary_is_a_resource(seen):
 def test_bad_calls_are_tool_errors_that_name_the_cause(seen):
     assert seen["missing file"].is_error and "InputFileError" in texts(seen["missing file"])[0]
     assert seen["steps 0"].is_error and "greater than or equal to 1" in texts(seen["steps 0"])[0]
-    # numbers are strict, as in serve --stdio: a boolean or a float is not a count
-    for name in ("steps true", "cfg true", "steps 2.0"):
-        assert seen[name].is_error and name.split()[0] in texts(seen[name])[0], (name, texts(seen[name]))
-        assert "valid integer" in texts(seen[name])[0] or "valid number" in texts(seen[name])[0], name
+    # numbers and flags are strict, as in serve --stdio: a boolean, a float or a string is not a count, a number
+    # or a string is not a flag
+    for name in ("steps true", "cfg true", "steps 2.0", "steps '2'", "rivals 'no'", "repair 1"):
+        message = texts(seen[name])[0]
+        assert seen[name].is_error and name.split()[0] in message, (name, message)
+        assert any(f"valid {kind}" in message for kind in ("integer", "number", "boolean")), (name, message)
     assert seen["bad out"].is_error and "OutputPathError" in texts(seen["bad out"])[0]
     assert seen["unknown tool"].is_error and "paint" in texts(seen["unknown tool"])[0]
 
@@ -234,6 +240,8 @@ def test_bad_self_critique_calls_are_tool_errors_and_the_server_goes_on(seen):
     assert seen["bad critique"].is_error and "InputFileError: input: no such file" in texts(seen["bad critique"])[0]
     assert seen["bad refine"].is_error and "psychic" in texts(seen["bad refine"])[0]
     assert seen["bad edit"].is_error and "InputError: a seconds region is for audio" in texts(seen["bad edit"])[0]
+    assert seen["box of flags"].is_error and "box" in texts(seen["box of flags"])[0]
+    assert "valid number" in texts(seen["box of flags"])[0]
     margin = seen["margin on a picture"]
     assert margin.is_error and "speech_margin widens the stretch an instructed speech edit" in texts(margin)[0]
     assert not seen["after"].is_error

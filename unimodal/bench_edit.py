@@ -21,9 +21,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from unimodal.checks import EDIT_ATTEMPTS, check_refine_rounds, check_speech_margin
+from unimodal.checks import (EDIT_ATTEMPTS, check_attempts, check_candidates, check_refine_rounds,
+                             check_speech_margin)
 from unimodal.checks_refine import REGION_KEYS
-from unimodal.core.errors import InputError, OutputPathError
+from unimodal.core.errors import InputError, OutputPathError, SettingError
 from unimodal.core.grammar import COLORS, POSITIONS, SHAPES
 from unimodal.core.media import SAMPLE_RATE
 from unimodal.core.paths import atomic_write, report_json, user_path
@@ -78,10 +79,12 @@ def edit_instruction(truth: dict, k: int, modality: str = "image", change: str =
 
 
 def check_edit_options(modality: str, change: str = "colour", draft: bool = True, touch_up: bool = False,
-                       speech_margin: float | None = None, refine: int | None = None) -> None:
+                       speech_margin: float | None = None, refine: int | None = None, attempts: int | None = None,
+                       candidates: int = 1) -> None:
     """Refuse options that do not fit the content edited, named by their ``bench edit`` flags: a change other
     than colour, ``--no-draft`` and ``--touch-up`` are for pictures; a touch-up reviews a draft;
-    ``--speech-margin`` and ``--refine-rounds`` are for speech."""
+    ``--speech-margin`` and ``--refine-rounds`` are for speech; ``attempts`` and ``candidates`` in their ranges
+    (a library caller's bad value raised here, not recorded as every case refused)."""
     if modality not in MODALITIES:
         raise InputError(f"bench edit edits one of {MODALITIES}, got {modality!r}")
     if change not in CHANGES:
@@ -98,7 +101,10 @@ def check_edit_options(modality: str, change: str = "colour", draft: bool = True
     if refine is not None:
         if modality != "audio":
             raise InputError(f"--refine-rounds reviews the stretch a speech edit redid; {modality} edits have none")
-        check_refine_rounds(refine)
+        check_refine_rounds(refine, "--refine-rounds")
+    if attempts is not None:
+        check_attempts(attempts)
+    check_candidates(candidates)
 
 
 def edit_cases(cases: Sequence, change: str) -> list:
@@ -164,6 +170,8 @@ def edit_case(pipe, case, k: int, seed: int, judge, candidates: int = 1, modalit
                                   **({"draft": draft, "touch_up": touch_up} if modality == "image" else {}),
                                   **({"speech_margin": speech_margin} if speech_margin is not None else {}),
                                   **({"refine": refine} if refine is not None else {}))
+    except SettingError:  # a setting out of range is the caller's, not the case's (checked before any case)
+        raise
     except InputError as error:  # the plan refused it: counted as not right, said why
         return {**row, "refused": str(error), "judged_right": False, "asked_right": False, "verdict": False,
                 "outside_changed": 0, "inside": 0, "regions": [], "located_by": None, "passes": 0,
@@ -217,12 +225,13 @@ def bench_edit(pipe, cases: Sequence, seed: int = 0, judge=None, progress: bool 
     ``draft``: whether a picture edit may start from the object's own pixels, ``touch_up``: whether the model
     then redraws the drafted codes it doubts (see :func:`unimodal.instructed.instructed_edit`);
     ``speech_margin``: seconds either side of the word a speech edit redoes (None: the library's 0.4);
-    ``refine``: rounds of the speech critic's refine inside that stretch (None: the library's, none)."""
+    ``refine``: rounds of refine inside that stretch, by refine's default critic (the speech critic when the
+    model's critic head is trained, else confidence; None: the library's, none)."""
     from tqdm.auto import tqdm
 
     if not cases:
         raise InputError("bench edit needs at least one case")
-    check_edit_options(modality, change, draft, touch_up, speech_margin, refine)
+    check_edit_options(modality, change, draft, touch_up, speech_margin, refine, attempts, candidates)
     cases = edit_cases(cases, change)
     if not cases:
         raise InputError(f"no case of this split takes a {change} edit")
@@ -279,7 +288,10 @@ def format_table(report: dict) -> str:
     if modality == "audio" and report.get("speech_margin") is not None:
         what += f", {report['speech_margin']:g} s redone either side of the word"
         if report.get("refine_rounds"):  # none (0, or a report from before the option): nothing to say
-            what += f", then refined inside it for up to {report['refine_rounds']} round(s) by the speech critic"
+            critics = sorted({row["refine"].get("critic") for row in report.get("rows", [])
+                              if isinstance(row.get("refine"), dict) and row["refine"].get("critic")})
+            by = f" by the {' / '.join(critics)} critic" if critics else ""
+            what += f", then refined inside it for up to {report['refine_rounds']} round(s){by}"
     if modality == "audio":
         what += f", the sources spoken in the {report.get('voices', 'varied')} voices"
     lines.append(f"n={report['n']} scenes {report.get('split', 'test')} cases, {what}, seed "

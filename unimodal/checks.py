@@ -41,7 +41,7 @@ SETTING_KEYS = ("steps", "mode", "tau", "temperature", "top_k", "top_p", "cfg", 
                 "rephrase")
 GENERATE_KEYS = INPUT_KEYS + ("to", "out") + SETTING_KEYS
 MAX_CANDIDATES = 64  # draws of one request kept to the best: more is a batch job, not a request
-MAX_REFINE_ROUNDS = 32  # refine rounds after a generate request (each is a regeneration: more is a benchmark)
+MAX_REFINE_ROUNDS = 32  # refine rounds after a generate or an edit (each is a regeneration: more is a benchmark)
 # Reading the first pixels of an image bigger than this is already slow; nothing this model reads is near it.
 MAX_IMAGE_PIXELS = 64_000_000
 
@@ -226,11 +226,12 @@ def check_speech_margin(value, name: str = "speech_margin") -> float:
                                lambda x: 0 < x <= MAX_SPEECH_MARGIN))
 
 
-def check_refine_rounds(value) -> int:
-    """``refine`` of a generate request: rounds of :meth:`UniModal.refine` on what was generated, 0 (none) ..
-    :data:`MAX_REFINE_ROUNDS`."""
+def check_refine_rounds(value, name: str = "refine") -> int:
+    """Rounds of :meth:`UniModal.refine` after an operation, 0 (none) .. :data:`MAX_REFINE_ROUNDS`: ``refine`` of a
+    generate request (on what was generated) and of an instructed speech edit (inside the stretch it redid), and
+    the ``--refine-rounds`` of ``eval`` and ``bench edit``; ``name``: what the refusal calls it."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_REFINE_ROUNDS:
-        raise SettingError(f"refine must be a whole number of rounds from 0 (none) to {MAX_REFINE_ROUNDS}, "
+        raise SettingError(f"{name} must be a whole number of rounds from 0 (none) to {MAX_REFINE_ROUNDS}, "
                            f"got {value!r}")
     return value
 

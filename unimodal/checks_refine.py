@@ -193,7 +193,8 @@ def _speech_margin(request: Mapping, modality: str) -> float:
 
 
 def _edit_refine(request: Mapping, modality: str) -> int:
-    """``refine`` of an edit: the speech critic's rounds inside the stretch an instructed speech edit redid."""
+    """``refine`` of an edit: rounds of refine (its default critic) inside the stretch an instructed speech edit
+    redid."""
     if request.get("instruction") is None or modality != "audio":
         raise InputError("refine (of an edit) reviews the stretch an instructed speech edit redid; give it only with "
                          "instruction= on a clip")

@@ -79,14 +79,20 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
-def refine_rounds(value: str) -> int:
-    """An argparse type: ``--refine-rounds`` (an edit's, eval's) as the library checks it (:func:`unimodal.checks.
-    check_refine_rounds`), refused with the flag's name before the model loads."""
-    from unimodal.checks import MAX_REFINE_ROUNDS, check_refine_rounds
-    from unimodal.core.errors import SettingError
+def refine_rounds_type(flag: str = "--refine-rounds"):
+    """An argparse type: rounds of refine after an operation (``generate --refine``, ``eval`` / ``edit`` / ``bench
+    edit --refine-rounds``) as the library checks them (:func:`unimodal.checks.check_refine_rounds`), refused with
+    the flag's name before the model loads."""
+    def parse(value: str) -> int:
+        from unimodal.checks import MAX_REFINE_ROUNDS, check_refine_rounds
+        from unimodal.core.errors import SettingError
 
-    try:
-        return check_refine_rounds(int(value))
-    except (ValueError, SettingError):
-        raise argparse.ArgumentTypeError(f"--refine-rounds must be a whole number from 0 (none) to "
-                                         f"{MAX_REFINE_ROUNDS}, got {value!r}") from None
+        try:
+            return check_refine_rounds(int(value), flag)
+        except (ValueError, SettingError):
+            raise argparse.ArgumentTypeError(f"{flag} must be a whole number from 0 (none) to {MAX_REFINE_ROUNDS}, "
+                                             f"got {value!r}") from None
+    return parse
+
+
+refine_rounds = refine_rounds_type()

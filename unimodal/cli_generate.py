@@ -6,7 +6,7 @@ import argparse
 import json
 
 from unimodal.checks import AGREEMENTS, PLANS
-from unimodal.cli_common import add_model_arguments, parse_cfg
+from unimodal.cli_common import add_model_arguments, parse_cfg, refine_rounds_type
 from unimodal.cli_refine import refine_line, repair_line
 
 
@@ -72,7 +72,7 @@ def add_generate_commands(sub) -> None:
                      help="with --candidates: how each draw is read back to choose one: joint (the whole input "
                           "masked at once, one pass; the default) or each (each input token masked alone, a pass a "
                           "token: the words that name the content decide)")
-    gen.add_argument("--refine", type=int, default=None, metavar="ROUNDS",
+    gen.add_argument("--refine", type=refine_rounds_type("--refine"), default=None, metavar="ROUNDS",
                      help="then refine the output against the inputs for this many rounds (re-mask what the model "
                           "doubts, regenerate it, keep a round only if it reads better; a caption of a picture "
                           "read 0.810 -> 0.925 with 3, at ~2x the passes; default: 2 for speech alone when the model's critic "

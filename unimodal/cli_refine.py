@@ -421,8 +421,9 @@ def add_refine_commands(sub) -> None:
     edit.add_argument("--speech-margin", type=_speech_margin, default=None, metavar="SECONDS", help="--instruction "
                       "on a clip: seconds either side of the word's middle that the edit redoes (0.4)")
     edit.add_argument("--refine-rounds", type=refine_rounds, default=None, metavar="ROUNDS", help="--instruction on "
-                      "a clip: rounds of the speech critic's refine inside the stretch the edit redid, before the "
-                      "check (default 0: none; measured, no gain on test clips, docs/critique.md)")
+                      "a clip: up to this many rounds of refine inside the stretch the edit redid, before the check, "
+                      "by refine's default critic (the speech critic when the model's critic head is trained, else "
+                      "confidence; default 0: none; measured, no gain on test clips, docs/critique.md)")
     edit.set_defaults(func=_cmd_edit)
 
 
@@ -529,7 +530,9 @@ def add_bench_edit_command(bench) -> None:
     sub.add_argument("--speech-margin", type=_speech_margin, default=None, metavar="SECONDS", help="speech edits: "
                      "seconds either side of the word's middle that each edit redoes (0.4)")
     sub.add_argument("--refine-rounds", type=refine_rounds, default=None, metavar="ROUNDS", help="speech edits: "
-                     "rounds of the speech critic's refine inside the stretch each edit redid (default 0: none)")
+                     "up to this many rounds of refine inside the stretch each edit redid, by refine's default "
+                     "critic (the speech critic when the model's critic head is trained, else confidence; default "
+                     "0: none)")
     sub.add_argument("--touch-up", action="store_true", help="picture edits from a draft: the model then reviews "
                      "the drafted codes and redraws the ones it doubts (default: they stay as encoded)")
     sub.add_argument("--out", default="bench-edit", help="folder for bench_edit.json (every case's row and the "

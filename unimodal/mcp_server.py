@@ -41,7 +41,7 @@ import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictFloat, StrictInt
+from pydantic import Field, StrictBool, StrictFloat, StrictInt
 
 from unimodal.checks import MAX_ATTEMPTS, MAX_CANDIDATES, MAX_REFINE_ROUNDS, MAX_SPEECH_MARGIN, check_request
 from unimodal.checks_refine import check_refine_request
@@ -50,8 +50,9 @@ from unimodal.core.paths import user_path
 from unimodal.core.seeds import SEED_LIMIT
 
 Modality = Literal["text", "image", "audio"]
-# Numbers are strict (StrictInt, StrictFloat): pydantic's lax mode would take true as 1 and 2.0 as 2, where
-# `serve --stdio` refuses both; a number sent as a JSON string ("2") is still read, as the SDK pre-parses it.
+# Numbers and flags are strict (StrictInt, StrictFloat, StrictBool), as `serve --stdio` reads them: pydantic's lax
+# mode would take true as 1, 2.0 as 2, "8" as 8.0 and "no" as false. A number sent as a string ("2") is refused
+# too (the SDK pre-parses only objects and arrays sent as strings); an int is read where a float is asked.
 Scale = Annotated[StrictFloat, Field(ge=0)]
 # MIME type of the image content for each image file suffix the results write.
 IMAGE_MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
@@ -153,7 +154,7 @@ def generate_tool(runner: Runner):
                         "pictures from 81% to 92% right at ~2x the passes); default: 2 for speech alone when the "
                         "model's critic head is trained (picture to speech 72% -> 78% heard right at 1.4x the "
                         "passes), 0 otherwise")] = None,
-        repair: Annotated[bool | None, Field(
+        repair: Annotated[StrictBool | None, Field(
             description="to='image' from text or audio: then read the picture back and change each colour, size "
                         "or place it shows otherwise than the request, from the object's own pixels (held-out "
                         "colour+shape pairs 69% -> 86% right at ~1.6x the passes); before any refine rounds")] = None,
@@ -161,12 +162,12 @@ def generate_tool(runner: Runner):
             description="without a text input: the model writes its plan in words first (what it reads in the "
                         "input, or the caption asked for), then text-only (default) draws each other output from "
                         "those words alone, text from them and the inputs; none generates from the inputs alone")] = None,
-        rivals: Annotated[bool | None, Field(
+        rivals: Annotated[StrictBool | None, Field(
             description="a caption read from an image (to='text', or the plan image->audio speaks) that names two "
                         "objects is checked against the same words with the relation turned around, keeping the "
                         "one the image reads back better from (test pictures 80% -> 96% read right, 2 passes, 3 "
                         "when the rival is kept); default on")] = None,
-        rephrase: Annotated[bool | None, Field(
+        rephrase: Annotated[StrictBool | None, Field(
             description="speech made from the words read from an image (to='audio' from an image) says the scene "
                         "in the form the model speaks most clearly, 'there is a ...' (validation scenes heard "
                         "right 60% -> 72%); default on, false to say it as read")] = None,
@@ -258,23 +259,23 @@ Critic = Annotated[Literal["confidence", "content", "content+learned", "learned"
                 "learned (the critic head), content+learned (both: right only when both say so; the best on "
                 "speech), random (ReMDM-style baseline). Default: content+learned for speech when the model's "
                 "critic head is trained, confidence otherwise")]
-Fraction = Annotated[StrictFloat | None, Field(gt=0, le=1, description="most tokens flagged per critique, as a share "
-                                                                 "(default 0.25)")]
+Fraction = Annotated[StrictFloat | None, Field(gt=0, le=1, description="most tokens flagged per critique, as a "
+                                                                       "share (default 0.25)")]
 Threshold = Annotated[StrictFloat | None, Field(gt=0, le=1, description="flag only tokens scored below this "
-                                                                  "(default: the critic's own; for confidence, "
-                                                                  "per modality: image 0.01, caption 0.05, "
-                                                                  "speech 0.001; 0.5 for the others)")]
-Check = Annotated[bool, Field(description="also read the output back with the model (caption the picture, "
-                                          "transcribe the speech) and compare with the prompt")]
+                                                                        "(default: the critic's own; for confidence, "
+                                                                        "per modality: image 0.01, caption 0.05, "
+                                                                        "speech 0.001; 0.5 for the others)")]
+Check = Annotated[StrictBool, Field(description="also read the output back with the model (caption the picture, "
+                                                "transcribe the speech) and compare with the prompt")]
 Source = Annotated[str | None, Field(description="the picture (.png) or clip (.wav) the input was made from, its "
                                                  "condition in place of prompt: a caption's picture or speech, a "
                                                  "picture's speech")]
-ModelCaption = Annotated[bool | None, Field(description="with a .txt input and source: the caption is the model's "
-                                                        "own (generate wrote it), so the caption recipe applies "
-                                                        "(words below 0.9 redone, a round kept when the source read "
-                                                        "back became likelier)")]
-Span = Annotated[list[float], Field(min_length=2, max_length=2)]
-Box = Annotated[list[float], Field(min_length=4, max_length=4)]
+ModelCaption = Annotated[StrictBool | None, Field(description="with a .txt input and source: the caption is the "
+                                                              "model's own (generate wrote it), so the caption "
+                                                              "recipe applies (words below 0.9 redone, a round kept "
+                                                              "when the source read back became likelier)")]
+Span = Annotated[list[StrictFloat], Field(min_length=2, max_length=2)]
+Box = Annotated[list[StrictFloat], Field(min_length=4, max_length=4)]
 
 
 def critique_tool(runner: Runner):
@@ -316,7 +317,7 @@ def refine_tool(runner: Runner):
         check: Check = False,
         source: Source = None,
         model_caption: ModelCaption = None,
-        repair: Annotated[bool | None, Field(
+        repair: Annotated[StrictBool | None, Field(
             description="a picture and its prompt (or the clip it was drawn from as source): first read the "
                         "picture back with the model and change each colour, size or place the reading gets "
                         "otherwise than the request by an instructed edit from the object's own pixels")] = None,
@@ -324,9 +325,10 @@ def refine_tool(runner: Runner):
             description="what keeps a round: the critic's own score (default), or agreement (the prompt read back "
                         "from the output by the model became likelier; needs prompt; agreement-each: read word "
                         "by word, a pass a word)")] = None,
-        patience: Annotated[StrictInt | None, Field(ge=1, description="rounds in a row not kept before it stops; each "
-                                                                "retry re-plans and samples anew (default 1)")] = None,
-        regions: Annotated[list[dict[Literal["box", "seconds", "chars"], list[float]]] | None, Field(
+        patience: Annotated[StrictInt | None, Field(ge=1, description="rounds in a row not kept before it stops; "
+                                                                      "each retry re-plans and samples anew "
+                                                                      "(default 1)")] = None,
+        regions: Annotated[list[dict[Literal["box", "seconds", "chars"], list[StrictFloat]]] | None, Field(
             description="your plan for the first round instead of the critic's, e.g. [{'box': [0, 16, 32, 48]}] "
                         "(pixels x0, y0, x1, y1), [{'seconds': [0.5, 1.0]}] or [{'chars': [2, 7]}]")] = None,
         out: Annotated[str | None, Field(description="the refined file, of the input's kind (.png, .wav, .txt). "
@@ -367,7 +369,7 @@ def edit_tool(runner: Runner):
             ge=1, le=MAX_ATTEMPTS,
             description="an instructed edit the model redraws (a new shape, speech): redo it until the model "
                         "reads the target back from it, at most this many times (default 4)")] = None,
-        draft: Annotated[bool | None, Field(
+        draft: Annotated[StrictBool | None, Field(
             description="an instructed picture edit: start a change of colour, size or place from the object's own "
                         "pixels (true, the default) or let the model redraw its box from the target caption "
                         "(false)")] = None,
@@ -377,8 +379,9 @@ def edit_tool(runner: Runner):
                         "(default 0.4)")] = None,
         refine: Annotated[StrictInt | None, Field(
             ge=0, le=MAX_REFINE_ROUNDS,
-            description="an instructed speech edit: rounds of the speech critic's refine inside the stretch it "
-                        "redid, before the check (default 0: none)")] = None,
+            description="an instructed speech edit: up to this many rounds of refine inside the stretch it redid, "
+                        "before the check, by refine's default critic (the speech critic when the model's critic "
+                        "head is trained, else confidence; default 0: none)")] = None,
         seed: Seed = 0,
     ) -> list:
         with _answering():

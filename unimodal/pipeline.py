@@ -845,10 +845,14 @@ class UniModal(DiffusionPipeline):
         if region is None:
             raise InputError("edit needs region= (a box, seconds or chars, with text= the new description) or "
                              "instruction= (e.g. 'make the circle blue')")
-        instructed_only = sorted(set(kwargs) & INSTRUCTED_ONLY)
-        if instructed_only:  # said by name, before the content is read (not as an unknown sampler setting)
-            raise InputError(f"{instructed_only} belong to an instructed edit (instruction=...); a described edit "
-                             f"(region= and text=) takes the region, the new description and sampler settings")
+        # an instructed edit's keyword given a value is refused by name, before the content is read (not as an
+        # unknown sampler setting); given None (its default, as a wrapper passing every keyword does) it is dropped
+        instructed_only = sorted(key for key in set(kwargs) & INSTRUCTED_ONLY if kwargs[key] is not None)
+        if instructed_only:
+            raise InputError(f"{', '.join(instructed_only)} belong{'s' if len(instructed_only) == 1 else ''} to an "
+                             f"instructed edit (instruction=...); a described edit (region= and text=) takes the "
+                             f"region, the new description and sampler settings")
+        kwargs = {key: value for key, value in kwargs.items() if key not in INSTRUCTED_ONLY}
         from unimodal.refine import edit
 
         return edit(self, content, region, **kwargs)
