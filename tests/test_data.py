@@ -12,7 +12,7 @@ from unimodal.training.data.folder import FolderDataset
 from unimodal.training.data.scenes import HELDOUT_PAIRS, make_sample
 from unimodal.training.data.speech import SAMPLE_RATE, Voice, is_speech, synthesize
 from unimodal.cli import main as cli_main
-from unimodal.core.errors import DataError, InputError, ManifestError, UnimodalError
+from unimodal.core.errors import BadRecordsError, DataError, InputError, ManifestError, UnimodalError
 from unimodal.core.grammar import (COLORS, SHAPES, digit_caption, parse_digit_caption, parse_scene_caption,
                               scene_caption, scenes_equal)
 
@@ -303,13 +303,30 @@ def test_manifest_with_nothing_usable(user_folder):
 
 
 def test_cli_reports_errors_without_traceback(user_folder, capsys):
-    path = _write_manifest(user_folder, ['{"text": "fine"}', '{"image": "missing.png"}'])
-    assert cli_main(["data", "check", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error:") and "line 2" in err and "Traceback" not in err
+    path = _write_manifest(user_folder, ['{"text": "fine"}', '{"image": "missing.png"}', "not json",
+                                         '{"text": "also fine"}'])
+    assert cli_main(["data", "check", str(path)]) == 2  # every bad record listed, not the first alone
+    out = capsys.readouterr()
+    lines = out.err.splitlines()
+    assert lines[0].startswith("bad: ") and "line 2" in lines[0] and "line 3: not valid JSON" in lines[1]
+    assert lines[-1].startswith("error: ") and "2 bad record(s)" in lines[-1] and "--skip-bad" in lines[-1]
+    assert json.loads(out.out)["bad"] == 2 and "Traceback" not in out.err
     assert cli_main(["data", "check", str(path), "--skip-bad"]) == 0
     out = capsys.readouterr()
-    assert json.loads(out.out)["skipped"] == 1 and "line 2" in out.err
+    assert json.loads(out.out)["skipped"] == 2 and json.loads(out.out)["records"] == 2 and "line 2" in out.err
+
+
+def test_bad_records_are_all_named_before_the_error(user_folder):
+    """Every record is read before a bad one is refused: the error names the first, how many and on which lines
+    (ten at most in its message, all in ``errors``), and how to go on."""
+    lines = ['{"text": "fine"}'] + ['{"image": "missing.png"}'] * 12
+    path = _write_manifest(user_folder, lines)
+    with pytest.raises(BadRecordsError) as err:
+        FolderDataset(path)
+    assert isinstance(err.value, ManifestError) and err.value.line == 2 and len(err.value.errors) == 12
+    message = str(err.value)
+    assert "line 2: cannot read image" in message and "12 bad records in all, lines 2, 3, 4" in message
+    assert "11 and 2 more" in message and "unimodal data check" in message and "--skip-bad" in message
 
 
 def test_errors_share_one_base():

@@ -295,6 +295,42 @@ def test_training_on_a_users_manifest(tiny_codec_dir, tmp_path):
         train(tmp_path / "bad", ["no-such-thing"], tiny_codec_dir, _tiny_cfg(), progress=False)
 
 
+def test_a_manifest_s_bad_records_refuse_a_run_or_are_skipped_aloud(tiny_codec_dir, tmp_path, capsys):
+    """Bad records refuse a run by default, naming them; with skip_bad (--skip-bad) the run goes on without them and
+    says which on stderr, from the token cache too; a skipping run's cache never lets a later strict run through."""
+    from PIL import Image
+
+    from unimodal.core.errors import BadRecordsError
+    from unimodal.training.pack import build_pack, load_pack
+    from unimodal.training.train import RunOptions
+
+    lines = []
+    for i in range(21):
+        Image.new("RGB", (64, 64), (10 * i, 100, 200)).save(tmp_path / f"img{i}.png")
+        lines.append(json.dumps({"text": f"a blue picture number {i}", "image": f"img{i}.png"}))
+    lines[4] = json.dumps({"text": "a lost picture", "image": "gone.png"})
+    manifest = tmp_path / "mine.jsonl"
+    manifest.write_text("\n".join(lines) + "\nnot json\n")
+    cfg = _tiny_cfg(steps=1, task_weights={"text->image": 1.0})
+    with pytest.raises(BadRecordsError, match="2 bad records in all, lines 5, 22"):
+        train(tmp_path / "strict", [str(manifest)], tiny_codec_dir, cfg, progress=False)
+    assert not (tmp_path / "strict" / "checkpoint.pt").exists()
+    capsys.readouterr()
+    for _ in range(2):  # encoded, then from the cache: said both times
+        train(tmp_path / "skipping", [str(manifest)], tiny_codec_dir, cfg, progress=False,
+              options=RunOptions(skip_bad=True))
+        err = capsys.readouterr().err
+        assert "mine.jsonl: 2 bad record(s) skipped (--skip-bad), 19 training samples kept: line 5: cannot read image" \
+            in err and "line 22: not valid JSON" in err
+    with pytest.raises(BadRecordsError):  # the skipping run's cached tokens are not the strict run's
+        train(tmp_path / "strict", [str(manifest)], tiny_codec_dir, cfg, progress=False)
+    with pytest.raises(BadRecordsError):
+        build_pack([str(manifest)], tiny_codec_dir, tmp_path / "strict.pack.safetensors", progress=False)
+    pack = build_pack([str(manifest)], tiny_codec_dir, tmp_path / "mine.pack.safetensors", progress=False,
+                      skip_bad=True)
+    assert load_pack(pack).meta["counts"] == {"train": 19, "val": 1}
+
+
 def test_length_grouped_micro_batches_cut_padding(tiny_codec_dir):
     from unimodal.training.train import length_grouped
 

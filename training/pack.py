@@ -145,9 +145,10 @@ def _unpack_split(tensors: dict, split: str, n: int) -> list[dict[str, torch.Ten
 
 
 def build_pack(data: list[str], codec_dir: str | Path, out: str | Path, max_audio_seconds: float | None = None,
-               progress: bool = True) -> Path:
+               progress: bool = True, skip_bad: bool = False) -> Path:
     """Tokenise every split of ``data`` (embedded set names, built folders, manifests) with the codecs in
-    ``codec_dir`` and write one pack; refuses a pack larger than :data:`MAX_PACK_BYTES`."""
+    ``codec_dir`` and write one pack; refuses a pack larger than :data:`MAX_PACK_BYTES`; ``skip_bad``: a manifest's
+    bad records skipped (said on stderr) instead of refused."""
     from unimodal.training.tokens import MAX_AUDIO_SECONDS, CodecStack, tokenized_split
     from unimodal.training.data.sources import dataset_names, resolve_weighted, weighted
 
@@ -164,7 +165,7 @@ def build_pack(data: list[str], codec_dir: str | Path, out: str | Path, max_audi
                 continue
             seen.add(source)
             if _has_split(source, split):
-                tokens = tokenized_split(stack, codec_dir, source, split, progress)
+                tokens = tokenized_split(stack, codec_dir, source, split, progress, skip_bad)
                 splits.setdefault(split, []).extend(tokens)
                 if split == "train":  # stored once; the weight is applied when a run loads the pack
                     weighted(tokens, weight, 0, str(source))  # refuses a weight that keeps nothing, now

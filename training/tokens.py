@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,11 +106,14 @@ def _source_key(source: Path) -> str:
     return f"{source.stem if source.is_file() else source.name}-{digest}"
 
 
-def _load_samples(source: Path, split: str) -> list[Sample]:
+def _load_samples(source: Path, split: str, skip_bad: bool = False, skipped: list | None = None) -> list[Sample]:
+    """The samples of one split; a manifest's bad records skipped with ``skip_bad`` are put in ``skipped``."""
+    skipped = [] if skipped is None else skipped
     if source.is_file():  # a JSONL manifest of the user's own data
         from unimodal.training.data.folder import FolderDataset
 
-        dataset = FolderDataset(source)
+        dataset = FolderDataset(source, skip_bad=skip_bad)
+        skipped[:] = [f"line {e.line}: {e.reason}" for e in dataset.skipped]
         period = round(1 / FOLDER_VAL_FRACTION)
         keep = [i for i in range(len(dataset)) if (i % period == period - 1) == (split == "val")]
         if split not in ("train", "val"):
@@ -120,13 +124,28 @@ def _load_samples(source: Path, split: str) -> list[Sample]:
 
 
 def tokenized_split(stack: CodecStack, codec_dir: str | os.PathLike, source: str | os.PathLike, split: str,
-                    progress: bool = True) -> list[dict[str, torch.Tensor]]:
+                    progress: bool = True, skip_bad: bool = False) -> list[dict[str, torch.Tensor]]:
     """Ids of one split of a built data set or a JSONL manifest, from the cache when the same codecs encoded
-    the same data before."""
+    the same data before; ``skip_bad``: a manifest's bad records are skipped (said on stderr) instead of refused
+    (cached apart, so a later run without it reads the manifest again and refuses them)."""
     source = Path(source)
-    path = cache_root() / "tokens" / f"{_source_key(source)}-{split}-{stack.fingerprint(codec_dir)}.pt"
+    skipping = "-skipbad" if skip_bad and source.is_file() else ""
+    path = cache_root() / "tokens" / f"{_source_key(source)}{skipping}-{split}-{stack.fingerprint(codec_dir)}.pt"
     if path.exists():
-        return load_checkpoint(path)["tokens"]
-    tokens = encode_samples(stack, _load_samples(source, split), progress=progress)
-    save_atomic({"tokens": tokens, "data": str(source), "split": split}, path)
+        cached = load_checkpoint(path)
+        _say_skipped(source, split, cached.get("skipped", []), len(cached["tokens"]))
+        return cached["tokens"]
+    skipped: list[str] = []
+    tokens = encode_samples(stack, _load_samples(source, split, skip_bad, skipped), progress=progress)
+    save_atomic({"tokens": tokens, "data": str(source), "split": split, "skipped": skipped}, path)
+    _say_skipped(source, split, skipped, len(tokens))
     return tokens
+
+
+def _say_skipped(source: Path, split: str, skipped: list[str], kept: int) -> None:
+    """A manifest's records skipped by ``--skip-bad``, said on stderr whenever its training split is read (from the
+    cache too: they are never dropped silently); its val split skips the same records and says nothing more."""
+    if skipped and split == "train":
+        more = f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        print(f"{source}: {len(skipped)} bad record(s) skipped (--skip-bad), {kept} training samples kept: "
+              f"{'; '.join(skipped[:5])}{more}", file=sys.stderr, flush=True)

@@ -549,22 +549,23 @@ def load_initial_weights(model: DiT, source: str | Path, layout, log: bool = Tru
               flush=True)
 
 
-def _load_tokens(stack, codec_dir, data_dirs, split, progress):
+def _load_tokens(stack, codec_dir, data_dirs, split, progress, skip_bad: bool = False):
     from unimodal.training.tokens import tokenized_split
 
     tokens = []
     for data_dir in data_dirs:
-        tokens.extend(tokenized_split(stack, codec_dir, data_dir, split, progress=progress))
+        tokens.extend(tokenized_split(stack, codec_dir, data_dir, split, progress=progress, skip_bad=skip_bad))
     return tokens
 
 
-def weighted_train_tokens(stack, codec_dir, sources: list[tuple[Path, float]], seed: int = 0,
-                          progress: bool = False) -> tuple[list[dict], list[tuple[str, int, float]]]:
+def weighted_train_tokens(stack, codec_dir, sources: list[tuple[Path, float]], seed: int = 0, progress: bool = False,
+                          skip_bad: bool = False) -> tuple[list[dict], list[tuple[str, int, float]]]:
     """The training split of ``sources`` ((folder, weight) pairs, :func:`resolve_weighted`), each drawn as often
-    as its weight says, and the (source, samples, weight) of each part."""
+    as its weight says, and the (source, samples, weight) of each part; ``skip_bad``: a manifest's bad records
+    skipped instead of refused."""
     tokens, parts = [], []
     for source, weight in sources:
-        split = _load_tokens(stack, codec_dir, [source], "train", progress)
+        split = _load_tokens(stack, codec_dir, [source], "train", progress, skip_bad)
         tokens += weighted(split, weight, seed, str(source))
         parts.append((str(source), len(split), weight))
     return tokens, parts
@@ -583,8 +584,10 @@ class RunData:
     datasets: list[str] | None = None  # names of the embedded sets trained on; None when any data is the user's
 
 
-def load_run_data(data: list[str], codec_dir, cfg: TrainConfig, accelerator, progress: bool) -> RunData:
-    """Ids from one pack (no codecs needed), or encoded from data sets with the codecs (token cache)."""
+def load_run_data(data: list[str], codec_dir, cfg: TrainConfig, accelerator, progress: bool,
+                  skip_bad: bool = False) -> RunData:
+    """Ids from one pack (no codecs needed), or encoded from data sets with the codecs (token cache); ``skip_bad``:
+    a manifest's bad records skipped instead of refused."""
     from unimodal.training.pack import is_pack, load_pack
 
     if any(is_pack(d) for d in data):
@@ -604,9 +607,9 @@ def load_run_data(data: list[str], codec_dir, cfg: TrainConfig, accelerator, pro
     data_dirs = [source for source, _ in sources]
     with accelerator.main_process_first():
         show = progress and accelerator.is_main_process
-        train_tokens, parts = weighted_train_tokens(stack, codec_dir, sources, cfg.seed, show)
+        train_tokens, parts = weighted_train_tokens(stack, codec_dir, sources, cfg.seed, show, skip_bad)
         # a folder named twice (or with a weight) is validated once: weights change what is trained on, not the yardstick
-        val_tokens = _load_tokens(stack, codec_dir, list(dict.fromkeys(data_dirs)), "val", show)
+        val_tokens = _load_tokens(stack, codec_dir, list(dict.fromkeys(data_dirs)), "val", show, skip_bad)
     if show:
         _print_shares(parts)
     return RunData(stack.layout, train_tokens, val_tokens, codec_dir,
@@ -634,6 +637,7 @@ class RunOptions:
     half: bool = False
     workers: int | None = None  # DataLoader workers building batches (None: 0 on the CPU, up to 8 on a GPU)
     fit_steps: bool = False  # with max_minutes: set the total steps (and so the cosine schedule) to what fits
+    skip_bad: bool = False  # a manifest's bad records skipped (said on stderr) instead of refused
 
 
 FIT_AFTER_STEPS = 30  # steps timed before --fit-steps sets the total, and between its later revisions
@@ -701,7 +705,7 @@ def train(out_dir: str | Path, data: list[str], codec_dir: str | Path | None, cf
     if cfg.batch_size % (world * cfg.grad_accum):
         raise InputError(f"batch size {cfg.batch_size} must divide evenly over {world} processes x "
                          f"{cfg.grad_accum} accumulation steps")
-    run = load_run_data(data, codec_dir, cfg, accelerator, progress)
+    run = load_run_data(data, codec_dir, cfg, accelerator, progress, options.skip_bad)
     if not run.train:  # a data set whose splits put nothing in train: say so rather than divide by zero
         raise DataError(f"--data {','.join(map(str, data))}: no training samples")
     cfg = replace(cfg, audio_position_rate=audio_position_rate(cfg, run.train))
@@ -1044,6 +1048,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--shard-mb", type=int, default=None,
                         help="save the model's weights as safetensors shards of at most this many MB")
     parser.add_argument("--half-weights", action="store_true", help="save the model's weights in float16")
+    parser.add_argument("--skip-bad", action="store_true",
+                        help="a JSONL manifest's bad records (unreadable files, malformed lines) are skipped, counted "
+                             "and listed on stderr, instead of refusing the run (`unimodal data check` lists them)")
     parser.add_argument("--workers", type=int, default=None,
                         help="processes building batches (default: 0 on the CPU, up to 8 with a GPU)")
     parser.add_argument("--fit-steps", action="store_true",
@@ -1146,7 +1153,7 @@ def run_from_args(args) -> int:
     if args.fit_steps and args.max_minutes is None:
         raise InputError("--fit-steps fits the run to --max-minutes; give both")
     options = RunOptions(args.device, args.compile, args.max_minutes, args.shard_mb, args.half_weights, args.workers,
-                         args.fit_steps)
+                         args.fit_steps, args.skip_bad)
     model_dir = train(args.out, [d for d in args.data.split(",") if d], args.codecs, cfg, resume=args.resume,
                       options=options)
     print(model_dir)

@@ -22,6 +22,7 @@ def _add_checkout_parts() -> None:
 _add_checkout_parts()
 
 from unimodal.core.errors import (  # noqa: F401  (re-exported)
+    BadRecordsError,
     DataError,
     DeviceError,
     EmptyInputError,
@@ -57,7 +58,7 @@ def __dir__() -> list[str]:
     return sorted(list(globals()) + list(_LAZY))
 
 
-__all__ = ["DataError", "DeviceError", "EmptyInputError", "GenerationResult", "InputError", "InputFileError",
-           "ManifestError", "MissingDependencyError", "ModelFolderError", "OutputPathError", "SampleRateError",
+__all__ = ["BadRecordsError", "DataError", "DeviceError", "EmptyInputError", "GenerationResult", "InputError",
+           "InputFileError", "ManifestError", "MissingDependencyError", "ModelFolderError", "OutputPathError", "SampleRateError",
            "SettingError", "StepsCappedWarning", "TextEncodingError", "UniModal", "UnimodalError",
            "UnknownWordsWarning", "__version__"]

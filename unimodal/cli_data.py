@@ -21,7 +21,7 @@ def _cmd_data_pack(args) -> int:
     from unimodal.core.paths import default_codecs_dir
 
     path = build_pack([d for d in args.data.split(",") if d], args.codecs or default_codecs_dir(), args.out,
-                      args.max_audio_seconds)
+                      args.max_audio_seconds, skip_bad=args.skip_bad)
     pack = load_pack(path)
     parts = pack.train_parts()
     weights = "; train weights " + ", ".join(f"{Path(s).name} x{w:g}" for s, _, w in parts) \
@@ -41,15 +41,19 @@ def _cmd_data_info(args) -> int:
 def _cmd_data_check(args) -> int:
     from unimodal.training.data.folder import FolderDataset
 
-    dataset = FolderDataset(args.manifest, skip_bad=args.skip_bad)
+    dataset = FolderDataset(args.manifest, skip_bad=True)  # every record read: each bad one listed, not the first
     for err in dataset.skipped:
-        print(f"skipped: {err}", file=sys.stderr)
+        print(f"{'skipped' if args.skip_bad else 'bad'}: {err}", file=sys.stderr)
     counts = {m: 0 for m in ("text", "image", "audio")}
     for _, record in dataset.records:
         for m in counts:
             counts[m] += bool(record.get(m))
-    print(json.dumps({"manifest": str(args.manifest), "records": len(dataset), "skipped": len(dataset.skipped),
-                      "with": counts}, indent=2))
+    print(json.dumps({"manifest": str(args.manifest), "records": len(dataset),
+                      "skipped" if args.skip_bad else "bad": len(dataset.skipped), "with": counts}, indent=2))
+    if dataset.skipped and not args.skip_bad:
+        print(f"error: {args.manifest}: {len(dataset.skipped)} bad record(s), listed above; fix them, or pass "
+              f"--skip-bad to unimodal train or data pack to go on without them", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -80,10 +84,14 @@ def add_data_commands(sub) -> None:
     pack.add_argument("--codecs", default=None, help="codec folder (default: the package's shipped codecs)")
     pack.add_argument("--max-audio-seconds", type=float, default=None, help="longest audio a sample keeps")
     pack.add_argument("--out", required=True, help="the pack file, named *.pack.safetensors")
+    pack.add_argument("--skip-bad", action="store_true", help="a manifest's bad records are skipped, counted and "
+                      "listed on stderr, instead of refusing the pack")
     pack.set_defaults(func=_cmd_data_pack)
     check = data.add_parser("check", help="validate a JSONL manifest of your own data")
     check.add_argument("manifest")
-    check.add_argument("--skip-bad", action="store_true", help="skip bad records (they are counted and listed)")
+    check.add_argument("--skip-bad", action="store_true", help="bad records are listed as skipped and the check "
+                       "passes if any record is usable (as train --skip-bad would go on); without it every bad "
+                       "record is listed and the check fails (exit status 2)")
     check.set_defaults(func=_cmd_data_check)
 
 

@@ -5,9 +5,11 @@ One JSON object per line with any non-empty subset of ``text`` (string), ``image
 cropped to a square and resized; audio is mixed to mono and resampled to 16 kHz. Blank lines and lines
 starting with ``#`` are ignored.
 
-Every problem is reported with its line number. By default the first bad record raises
-:class:`~unimodal.core.errors.ManifestError`; with ``skip_bad=True`` bad records are skipped, counted and listed
-in :attr:`FolderDataset.skipped` — never dropped silently.
+Every problem is reported with its line number. By default bad records raise
+:class:`~unimodal.core.errors.BadRecordsError` (a :class:`~unimodal.core.errors.ManifestError` naming the first
+one, how many there are and on which lines: every record is read before it is raised, so one run of ``unimodal
+data check`` shows them all); with ``skip_bad=True`` bad records are skipped, counted and listed in
+:attr:`FolderDataset.skipped` — never dropped silently.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 from pathlib import Path
 
 from unimodal.training.data.store import Sample
-from unimodal.core.errors import DataError, ManifestError
+from unimodal.core.errors import BadRecordsError, DataError, ManifestError
 from unimodal.core.grammar import IMAGE_SIZE
 from unimodal.core.media import SAMPLE_RATE, load_audio, load_image, resample, square_resize  # noqa: F401 (used by the manifest readers)
 
@@ -43,9 +45,9 @@ class FolderDataset:
                     self._load(line_no, record)
                 self.records.append((line_no, record))
             except ManifestError as err:
-                if not skip_bad:
-                    raise
                 self.skipped.append(err)
+        if self.skipped and not skip_bad:
+            raise BadRecordsError(self.manifest, self.skipped)
         if not self.records:
             raise DataError(f"manifest {self.manifest} has no usable record"
                             + (f" ({len(self.skipped)} skipped, first: {self.skipped[0]})" if self.skipped else ""))

@@ -75,6 +75,23 @@ class ManifestError(DataError):
         super().__init__(f"{self.path}, line {line}: {reason}")
 
 
+class BadRecordsError(ManifestError):
+    """A manifest holds bad records: the first one's line and reason (as :class:`ManifestError`), how many there are
+    in all and where (``errors``: each record's :class:`ManifestError`), and how to go on without them."""
+
+    LISTED = 10  # line numbers named in the message; ``errors`` holds them all
+
+    def __init__(self, path, errors: list):
+        self.errors = list(errors)
+        first = self.errors[0]
+        lines = ", ".join(str(e.line) for e in self.errors[:self.LISTED])
+        more = f" and {len(self.errors) - self.LISTED} more" if len(self.errors) > self.LISTED else ""
+        super().__init__(path, first.line, f"{first.reason} ({len(self.errors)} bad record"
+                         f"{'s' if len(self.errors) != 1 else ''} in all, line{'s' if len(self.errors) != 1 else ''} "
+                         f"{lines}{more}; `unimodal data check {path}` lists each, and --skip-bad goes on without "
+                         f"them)")
+
+
 class MissingDependencyError(UnimodalError, ImportError):
     """An optional dependency (an extra such as ``unimodal[eval]``) is not installed."""
 
