@@ -183,11 +183,15 @@ def test_joint_summary_says_what_the_captions_from_nothing_were():
     assert "distinct_texts=0.800" in table and "digit" in table and "2 obj" in table
 
 
-def test_load_cases_checks_its_input():
+def test_load_cases_checks_its_input(tmp_path):
     with pytest.raises(InputError, match="--split"):
         load_cases("scenes", "train", 2)
     with pytest.raises(InputError, match="neither"):
         load_cases("/nonexistent/folder", "test", 2)
+    (tmp_path / "mine.jsonl").write_text('{"text": "a red circle"}\n')
+    with pytest.raises(InputError, match="is a manifest of your own data: eval judges scenes and digits.*validation "
+                                         "loss"):
+        load_cases(str(tmp_path / "mine.jsonl"), "test", 2)
     cases, notes = load_cases("scenes,digits", "heldout", 2, speech=False)
     assert len(cases) == 2 and notes and all(c.kind == "scene" for c in cases)
     with pytest.raises(InputError, match="--voices must be one of"):

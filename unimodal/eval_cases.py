@@ -81,6 +81,11 @@ def _digit_cases(split: str, n: int, speech: bool, voices: str = "varied") -> li
 def _folder_cases(folder: Path, split: str, n: int, speech: bool = True) -> list[EvalCase]:
     from unimodal.training.data.store import BuiltDataset
 
+    if folder.is_file() and folder.suffix == ".jsonl":  # a manifest of the user's own data: nothing judges it
+        raise InputError(f"--data entry {str(folder)!r} is a manifest of your own data: eval judges scenes and digits "
+                         f"(scenes, digits or a folder `unimodal data build` wrote), whose judges know what each "
+                         f"caption means; a model trained on a manifest is measured by its validation loss "
+                         f"(`unimodal train` writes it to OUT/history.json and OUT/val_loss.png)")
     if not (folder / "info.json").is_file():
         raise InputError(f"--data entry {str(folder)!r} is neither scenes, digits nor a built data folder "
                          f"(one with info.json)")
