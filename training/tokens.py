@@ -106,13 +106,14 @@ def _source_key(source: Path) -> str:
     return f"{source.stem if source.is_file() else source.name}-{digest}"
 
 
-def _load_samples(source: Path, split: str, skip_bad: bool = False, skipped: list | None = None) -> list[Sample]:
+def _load_samples(source: Path, split: str, skip_bad: bool = False, skipped: list | None = None,
+                  progress: bool = False) -> list[Sample]:
     """The samples of one split; a manifest's bad records skipped with ``skip_bad`` are put in ``skipped``."""
     skipped = [] if skipped is None else skipped
     if source.is_file():  # a JSONL manifest of the user's own data
         from unimodal.training.data.folder import FolderDataset
 
-        dataset = FolderDataset(source, skip_bad=skip_bad)
+        dataset = FolderDataset(source, skip_bad=skip_bad, progress=progress)
         skipped[:] = [f"line {e.line}: {e.reason}" for e in dataset.skipped]
         period = round(1 / FOLDER_VAL_FRACTION)
         keep = [i for i in range(len(dataset)) if (i % period == period - 1) == (split == "val")]
@@ -136,7 +137,7 @@ def tokenized_split(stack: CodecStack, codec_dir: str | os.PathLike, source: str
         _say_skipped(source, split, cached.get("skipped", []), len(cached["tokens"]))
         return cached["tokens"]
     skipped: list[str] = []
-    tokens = encode_samples(stack, _load_samples(source, split, skip_bad, skipped), progress=progress)
+    tokens = encode_samples(stack, _load_samples(source, split, skip_bad, skipped, progress), progress=progress)
     save_atomic({"tokens": tokens, "data": str(source), "split": split, "skipped": skipped}, path)
     _say_skipped(source, split, skipped, len(tokens))
     return tokens

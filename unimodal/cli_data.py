@@ -41,7 +41,7 @@ def _cmd_data_info(args) -> int:
 def _cmd_data_check(args) -> int:
     from unimodal.training.data.folder import FolderDataset
 
-    dataset = FolderDataset(args.manifest, skip_bad=True)  # every record read: each bad one listed, not the first
+    dataset = FolderDataset(args.manifest, skip_bad=True, progress=True)  # each bad one listed, not the first
     for err in dataset.skipped:
         print(f"{'skipped' if args.skip_bad else 'bad'}: {err}", file=sys.stderr)
     counts = {m: 0 for m in ("text", "image", "audio")}

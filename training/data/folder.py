@@ -30,7 +30,11 @@ class FolderDataset:
     """A user's JSONL manifest as an indexable data set of :class:`Sample` (files are read on access)."""
 
     def __init__(self, manifest: str | os.PathLike, skip_bad: bool = False, image_size: int = IMAGE_SIZE,
-                 sample_rate: int = SAMPLE_RATE, check_files: bool = True):
+                 sample_rate: int = SAMPLE_RATE, check_files: bool = True, progress: bool = False):
+        """``check_files``: read every record's files now (a bad one is found before any training);
+        ``progress``: a bar over the manifest's lines while they are read."""
+        from tqdm.auto import tqdm
+
         self.manifest = Path(manifest)
         if not self.manifest.is_file():
             raise DataError(f"manifest {self.manifest} does not exist or is not a file")
@@ -38,7 +42,12 @@ class FolderDataset:
         self.image_size, self.sample_rate = image_size, sample_rate
         self.records: list[tuple[int, dict]] = []
         self.skipped: list[ManifestError] = []
-        for line_no, record in self._parse_lines():
+        lines = self._parse_lines()
+        if progress:
+            with open(self.manifest, "rb") as f:
+                total = sum(1 for _ in f)
+            lines = tqdm(lines, total=total, desc=f"reading {self.manifest.name}", unit="line")
+        for line_no, record in lines:
             try:
                 record = self._check_record(line_no, record)
                 if check_files:
@@ -46,6 +55,10 @@ class FolderDataset:
                 self.records.append((line_no, record))
             except ManifestError as err:
                 self.skipped.append(err)
+            if progress:
+                lines.set_postfix(bad=len(self.skipped), refresh=False)
+        if progress:
+            lines.close()
         if self.skipped and not skip_bad:
             raise BadRecordsError(self.manifest, self.skipped)
         if not self.records:
