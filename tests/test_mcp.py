@@ -59,13 +59,14 @@ async def session(model_dir, tmp_path):
         seen["steps true"] = await client.call_tool("generate", {"text": "a red circle", "steps": True})
         seen["cfg true"] = await client.call_tool("generate", {"text": "a red circle", "cfg": {"text": True}})
         seen["steps 2.0"] = await client.call_tool("generate", {"text": "a red circle", "steps": 2.0})
-        seen["steps '2'"] = await client.call_tool("generate", {"text": "a red circle", "steps": "2"})
+        seen["steps '0'"] = await client.call_tool("generate", {"text": "a red circle", "steps": "0"})
         seen["rivals 'no'"] = await client.call_tool("generate", {"text": "a red circle", "rivals": "no"})
         seen["repair 1"] = await client.call_tool("generate", {"text": "a red circle", "repair": 1})
         seen["speech"] = await client.call_tool("generate", {"text": "a red circle", "to": "audio", "steps": 2})
         seen["bad out"] = await client.call_tool("generate", {"text": "a red circle", "out": str(tmp_path / "a.mp4")})
         seen["unknown tool"] = await client.call_tool("paint", {"text": "a red circle"})
-        seen["image"] = await client.call_tool("generate", {"text": "a white hexagon", "to": "image", "steps": 2})
+        seen["image"] = await client.call_tool("generate", {"text": "a white hexagon", "to": "image", "steps": "2",
+                                                            "rivals": "true"})  # JSON sent in strings: read
         seen["caption"] = await client.call_tool("generate", {"image": str(tmp_path / "red.png"), "to": "text",
                                                               "steps": 2, "out": str(tmp_path / "caption.txt")})
         seen["joint"] = await client.call_tool("generate", {"audio": str(tmp_path / "clip.wav"),
@@ -119,6 +120,9 @@ def test_generate_is_listed_with_a_schema_for_every_argument(seen):
     assert {"enum": ["joint", "each"], "type": "string"} in properties["agreement"]["anyOf"]
     assert {"minimum": 0, "maximum": 32, "type": "integer"} in properties["refine"]["anyOf"]
     assert {"type": "boolean"} in properties["repair"]["anyOf"]
+    for each in seen["tools"]:  # every range a JSON-schema bound (strings read as JSON must not hide them)
+        schema = json.dumps(each.input_schema)
+        assert not any(f'"{key}":' in schema for key in ("ge", "gt", "le", "lt")), each.name
 
 
 def test_the_vocabulary_is_a_resource(seen):
@@ -130,9 +134,10 @@ def test_the_vocabulary_is_a_resource(seen):
 def test_bad_calls_are_tool_errors_that_name_the_cause(seen):
     assert seen["missing file"].is_error and "InputFileError" in texts(seen["missing file"])[0]
     assert seen["steps 0"].is_error and "greater than or equal to 1" in texts(seen["steps 0"])[0]
-    # numbers and flags are strict, as in serve --stdio: a boolean, a float or a string is not a count, a number
-    # or a string is not a flag
-    for name in ("steps true", "cfg true", "steps 2.0", "steps '2'", "rivals 'no'", "repair 1"):
+    # numbers and flags are strict, as in serve --stdio: a boolean or a float is not a count, a number or a word is
+    # not a flag; a value JSON-encoded in a string is read as that JSON first ("0": the range check speaks)
+    assert seen["steps '0'"].is_error and "greater than or equal to 1" in texts(seen["steps '0'"])[0]
+    for name in ("steps true", "cfg true", "steps 2.0", "rivals 'no'", "repair 1"):
         message = texts(seen[name])[0]
         assert seen[name].is_error and name.split()[0] in message, (name, message)
         assert any(f"valid {kind}" in message for kind in ("integer", "number", "boolean")), (name, message)

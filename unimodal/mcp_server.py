@@ -41,7 +41,7 @@ import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, StrictFloat, StrictInt
+from pydantic import BeforeValidator, Field, StrictBool, StrictFloat, StrictInt
 
 from unimodal.checks import MAX_ATTEMPTS, MAX_CANDIDATES, MAX_REFINE_ROUNDS, MAX_SPEECH_MARGIN, check_request
 from unimodal.checks_refine import check_refine_request
@@ -50,10 +50,28 @@ from unimodal.core.paths import user_path
 from unimodal.core.seeds import SEED_LIMIT
 
 Modality = Literal["text", "image", "audio"]
+
+
+def _json_scalar(value):
+    """A number or flag some MCP clients send JSON-encoded in a string ("2", "0.5", "true") read as the JSON it
+    holds (the SDK pre-parses objects and arrays sent so, not scalars); anything else is left for the strict type
+    to refuse."""
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except (ValueError, RecursionError):
+            return value
+        if isinstance(parsed, (int, float)):  # bool included: StrictInt refuses it, StrictBool takes it
+            return parsed
+    return value
+
+
 # Numbers and flags are strict (StrictInt, StrictFloat, StrictBool), as `serve --stdio` reads them: pydantic's lax
-# mode would take true as 1, 2.0 as 2, "8" as 8.0 and "no" as false. A number sent as a string ("2") is refused
-# too (the SDK pre-parses only objects and arrays sent as strings); an int is read where a float is asked.
-Scale = Annotated[StrictFloat, Field(ge=0)]
+# mode would take true as 1, 2.0 as 2 and "no" as false. A value JSON-encoded in a string ("2", "true") is read as
+# that JSON first (FromJson, after the constraints so the schema keeps them); an int is read where a float is asked.
+FromJson = BeforeValidator(_json_scalar)
+Scale = Annotated[StrictFloat, Field(ge=0), FromJson]
+Coordinate = Annotated[StrictFloat, FromJson]  # of a box, a span of seconds or of characters
 # MIME type of the image content for each image file suffix the results write.
 IMAGE_MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
 INSTRUCTIONS = ("unimodal: one masked-diffusion model that writes text, images and audio from any of them. Call "
@@ -115,35 +133,38 @@ def generate_tool(runner: Runner):
                                                      "extension names the one output (.png/.jpg image, "
                                                      ".wav/.flac audio, .txt text). Default: a fresh folder "
                                                      "under the server's output folder")] = None,
-        steps: Annotated[StrictInt | None, Field(ge=1, description="model calls (the cap in threshold mode); more than "
-                                                             "the tokens to fill is capped and reported")] = None,
+        steps: Annotated[StrictInt | None, Field(
+            ge=1, description="model calls (the cap in threshold mode); more than the tokens to fill is capped and "
+                              "reported"), FromJson] = None,
         mode: Annotated[Literal["confidence", "threshold", "semi_ar"] | None, Field(
             description="sampler: confidence (fixed steps), threshold (commit every token above tau), semi_ar "
                         "(blocks left to right)")] = None,
         tau: Annotated[StrictFloat | None, Field(
-            gt=0, le=1, description="threshold mode: confidence to commit")] = None,
-        temperature: Annotated[StrictFloat | None, Field(ge=0, description="0 = greedy")] = None,
-        top_k: Annotated[StrictInt | None, Field(ge=0, description="0 = off")] = None,
-        top_p: Annotated[StrictFloat | None, Field(gt=0, le=1, description="1 = off")] = None,
+            gt=0, le=1, description="threshold mode: confidence to commit"), FromJson] = None,
+        temperature: Annotated[StrictFloat | None, Field(ge=0, description="0 = greedy"), FromJson] = None,
+        top_k: Annotated[StrictInt | None, Field(ge=0, description="0 = off"), FromJson] = None,
+        top_p: Annotated[StrictFloat | None, Field(gt=0, le=1, description="1 = off"), FromJson] = None,
         cfg: Annotated[Scale | dict[Modality, Scale] | None, Field(
             description="classifier-free guidance scale, or one per input modality {'text': 3}")] = None,
         choice_temperature: Annotated[StrictFloat | None, Field(
-            ge=0, description="randomised commit order (MaskGIT)")] = None,
+            ge=0, description="randomised commit order (MaskGIT)"), FromJson] = None,
         seed: Annotated[StrictInt | None, Field(
-            ge=0, lt=SEED_LIMIT, description="same seed, same output; null: fresh")] = 0,
-        max_text_tokens: Annotated[StrictInt | None, Field(ge=1, description="cap on generated text tokens")] = None,
-        max_audio_seconds: Annotated[StrictFloat | None, Field(gt=0, description="cap on generated audio")] = None,
+            ge=0, lt=SEED_LIMIT, description="same seed, same output; null: fresh"), FromJson] = 0,
+        max_text_tokens: Annotated[StrictInt | None, Field(
+            ge=1, description="cap on generated text tokens"), FromJson] = None,
+        max_audio_seconds: Annotated[StrictFloat | None, Field(
+            gt=0, description="cap on generated audio"), FromJson] = None,
         candidates: Annotated[StrictInt | None, Field(
             ge=1, le=MAX_CANDIDATES,
             description="draw this many and keep the one that agrees best with the input, read back by the "
-                        "model; needs temperature > 0 for text (greedy draws are all the same)")] = None,
+                        "model; needs temperature > 0 for text (greedy draws are all the same)"), FromJson] = None,
         accept_confidence: Annotated[StrictFloat | None, Field(
             le=0, description="with candidates: keep the first draw, drawing no more, when the model's confidence "
-                              "score of it (mean log-probability, e.g. -0.1) reaches this")] = None,
+                              "score of it (mean log-probability, e.g. -0.1) reaches this"), FromJson] = None,
         accept_agreement: Annotated[StrictFloat | None, Field(
             le=0, description="with candidates: draw one at a time and keep the first whose agreement score (the "
                               "input read back from it, mean log-probability, e.g. -0.3) reaches this; else the "
-                              "best of them all. Not with accept_confidence")] = None,
+                              "best of them all. Not with accept_confidence"), FromJson] = None,
         agreement: Annotated[Literal["joint", "each"] | None, Field(
             description="with candidates: how each draw is read back to choose one: joint (the whole input at "
                         "once, the default) or each (input token by token: the words naming the content decide)")] = None,
@@ -153,11 +174,12 @@ def generate_tool(runner: Runner):
                         "doubts, regenerate it, keep a round only if it reads better (3 took captions of test "
                         "pictures from 81% to 92% right at ~2x the passes); default: 2 for speech alone when the "
                         "model's critic head is trained (picture to speech 72% -> 78% heard right at 1.4x the "
-                        "passes), 0 otherwise")] = None,
+                        "passes), 0 otherwise"), FromJson] = None,
         repair: Annotated[StrictBool | None, Field(
             description="to='image' from text or audio: then read the picture back and change each colour, size "
                         "or place it shows otherwise than the request, from the object's own pixels (held-out "
-                        "colour+shape pairs 69% -> 86% right at ~1.6x the passes); before any refine rounds")] = None,
+                        "colour+shape pairs 69% -> 86% right at ~1.6x the passes); before any refine rounds"),
+            FromJson] = None,
         plan: Annotated[Literal["text", "text-only", "none"] | None, Field(
             description="without a text input: the model writes its plan in words first (what it reads in the "
                         "input, or the caption asked for), then text-only (default) draws each other output from "
@@ -166,11 +188,11 @@ def generate_tool(runner: Runner):
             description="a caption read from an image (to='text', or the plan image->audio speaks) that names two "
                         "objects is checked against the same words with the relation turned around, keeping the "
                         "one the image reads back better from (test pictures 80% -> 96% read right, 2 passes, 3 "
-                        "when the rival is kept); default on")] = None,
+                        "when the rival is kept); default on"), FromJson] = None,
         rephrase: Annotated[StrictBool | None, Field(
             description="speech made from the words read from an image (to='audio' from an image) says the scene "
                         "in the form the model speaks most clearly, 'there is a ...' (validation scenes heard "
-                        "right 60% -> 72%); default on, false to say it as read")] = None,
+                        "right 60% -> 72%); default on, false to say it as read"), FromJson] = None,
     ) -> list:
         request = {key: value for key, value in locals().items() if key != "runner"}
         with _answering():
@@ -252,7 +274,7 @@ Input = Annotated[str, Field(description="the file to work on: a picture (.png/.
                                          "caption (.txt), e.g. one generate wrote")]
 Prompt = Annotated[str | None, Field(description="the text the content was made from (its condition); for edit, "
                                                  "the new description of the region")]
-Seed = Annotated[StrictInt | None, Field(ge=0, lt=SEED_LIMIT, description="same seed, same output")]
+Seed = Annotated[StrictInt | None, Field(ge=0, lt=SEED_LIMIT, description="same seed, same output"), FromJson]
 Critic = Annotated[Literal["confidence", "content", "content+learned", "learned", "random"] | None, Field(
     description="who scores the tokens: confidence (the model's probability of each token when re-masked), "
                 "content (the probability of the codes that decode like it there: right content, not right id), "
@@ -260,22 +282,22 @@ Critic = Annotated[Literal["confidence", "content", "content+learned", "learned"
                 "speech), random (ReMDM-style baseline). Default: content+learned for speech when the model's "
                 "critic head is trained, confidence otherwise")]
 Fraction = Annotated[StrictFloat | None, Field(gt=0, le=1, description="most tokens flagged per critique, as a "
-                                                                       "share (default 0.25)")]
+                                                                       "share (default 0.25)"), FromJson]
 Threshold = Annotated[StrictFloat | None, Field(gt=0, le=1, description="flag only tokens scored below this "
                                                                         "(default: the critic's own; for confidence, "
                                                                         "per modality: image 0.01, caption 0.05, "
-                                                                        "speech 0.001; 0.5 for the others)")]
+                                                                        "speech 0.001; 0.5 for the others)"), FromJson]
 Check = Annotated[StrictBool, Field(description="also read the output back with the model (caption the picture, "
-                                                "transcribe the speech) and compare with the prompt")]
+                                                "transcribe the speech) and compare with the prompt"), FromJson]
 Source = Annotated[str | None, Field(description="the picture (.png) or clip (.wav) the input was made from, its "
                                                  "condition in place of prompt: a caption's picture or speech, a "
                                                  "picture's speech")]
 ModelCaption = Annotated[StrictBool | None, Field(description="with a .txt input and source: the caption is the "
                                                               "model's own (generate wrote it), so the caption "
                                                               "recipe applies (words below 0.9 redone, a round kept "
-                                                              "when the source read back became likelier)")]
-Span = Annotated[list[StrictFloat], Field(min_length=2, max_length=2)]
-Box = Annotated[list[StrictFloat], Field(min_length=4, max_length=4)]
+                                                              "when the source read back became likelier)"), FromJson]
+Span = Annotated[list[Coordinate], Field(min_length=2, max_length=2)]
+Box = Annotated[list[Coordinate], Field(min_length=4, max_length=4)]
 
 
 def critique_tool(runner: Runner):
@@ -309,8 +331,8 @@ def refine_tool(runner: Runner):
         prompt: Prompt = None,
         rounds: Annotated[StrictInt | None, Field(ge=0, description="most rounds of critique -> re-mask -> regenerate "
                                                               "(3; with repair 0, the repair alone, which measured "
-                                                              "best; 0 only with repair)")] = None,
-        budget: Annotated[StrictInt | None, Field(ge=1, description="most forward passes in all")] = None,
+                                                              "best; 0 only with repair)"), FromJson] = None,
+        budget: Annotated[StrictInt | None, Field(ge=1, description="most forward passes in all"), FromJson] = None,
         critic: Critic = None,
         fraction: Fraction = None,
         threshold: Threshold = None,
@@ -320,15 +342,16 @@ def refine_tool(runner: Runner):
         repair: Annotated[StrictBool | None, Field(
             description="a picture and its prompt (or the clip it was drawn from as source): first read the "
                         "picture back with the model and change each colour, size or place the reading gets "
-                        "otherwise than the request by an instructed edit from the object's own pixels")] = None,
+                        "otherwise than the request by an instructed edit from the object's own pixels"),
+            FromJson] = None,
         evaluator: Annotated[Literal["critic", "agreement", "agreement-each"] | None, Field(
             description="what keeps a round: the critic's own score (default), or agreement (the prompt read back "
                         "from the output by the model became likelier; needs prompt; agreement-each: read word "
                         "by word, a pass a word)")] = None,
         patience: Annotated[StrictInt | None, Field(ge=1, description="rounds in a row not kept before it stops; "
                                                                       "each retry re-plans and samples anew "
-                                                                      "(default 1)")] = None,
-        regions: Annotated[list[dict[Literal["box", "seconds", "chars"], list[StrictFloat]]] | None, Field(
+                                                                      "(default 1)"), FromJson] = None,
+        regions: Annotated[list[dict[Literal["box", "seconds", "chars"], list[Coordinate]]] | None, Field(
             description="your plan for the first round instead of the critic's, e.g. [{'box': [0, 16, 32, 48]}] "
                         "(pixels x0, y0, x1, y1), [{'seconds': [0.5, 1.0]}] or [{'chars': [2, 7]}]")] = None,
         out: Annotated[str | None, Field(description="the refined file, of the input's kind (.png, .wav, .txt). "
@@ -364,24 +387,24 @@ def edit_tool(runner: Runner):
         candidates: Annotated[StrictInt, Field(
             ge=1, le=MAX_CANDIDATES,
             description="regenerate the region this many times and keep the one that agrees best with the "
-                        "description, read back by the model")] = 1,
+                        "description, read back by the model"), FromJson] = 1,
         attempts: Annotated[StrictInt | None, Field(
             ge=1, le=MAX_ATTEMPTS,
             description="an instructed edit the model redraws (a new shape, speech): redo it until the model "
-                        "reads the target back from it, at most this many times (default 4)")] = None,
+                        "reads the target back from it, at most this many times (default 4)"), FromJson] = None,
         draft: Annotated[StrictBool | None, Field(
             description="an instructed picture edit: start a change of colour, size or place from the object's own "
                         "pixels (true, the default) or let the model redraw its box from the target caption "
-                        "(false)")] = None,
+                        "(false)"), FromJson] = None,
         speech_margin: Annotated[StrictFloat | None, Field(
             gt=0, le=MAX_SPEECH_MARGIN,
             description="an instructed speech edit: seconds either side of the word's middle that it redoes "
-                        "(default 0.4)")] = None,
+                        "(default 0.4)"), FromJson] = None,
         refine: Annotated[StrictInt | None, Field(
             ge=0, le=MAX_REFINE_ROUNDS,
             description="an instructed speech edit: up to this many rounds of refine inside the stretch it redid, "
                         "before the check, by refine's default critic (the speech critic when the model's critic "
-                        "head is trained, else confidence; default 0: none)")] = None,
+                        "head is trained, else confidence; default 0: none)"), FromJson] = None,
         seed: Seed = 0,
     ) -> list:
         with _answering():
