@@ -62,6 +62,7 @@ async def session(model_dir, tmp_path):
         seen["steps '0'"] = await client.call_tool("generate", {"text": "a red circle", "steps": "0"})
         seen["rivals 'no'"] = await client.call_tool("generate", {"text": "a red circle", "rivals": "no"})
         seen["repair 1"] = await client.call_tool("generate", {"text": "a red circle", "repair": 1})
+        seen["misspelt"] = await client.call_tool("generate", {"text": "a red circle", "temprature": 0.5})
         seen["speech"] = await client.call_tool("generate", {"text": "a red circle", "to": "audio", "steps": 2})
         seen["bad out"] = await client.call_tool("generate", {"text": "a red circle", "out": str(tmp_path / "a.mp4")})
         seen["unknown tool"] = await client.call_tool("paint", {"text": "a red circle"})
@@ -91,6 +92,7 @@ async def self_critique(client, tmp_path):
         "edit": await client.call_tool("edit", {"input": red, "box": [0, 0, 16, 16], "prompt": "a blue square",
                                                 "out": str(tmp_path / "edited.png")}),
         "bad edit": await client.call_tool("edit", {"input": red, "seconds": [0, 1]}),
+        "steps to critique": await client.call_tool("critique", {"input": red, "steps": 4}),
         "box of flags": await client.call_tool("edit", {"input": red, "box": [True, 0, 8, 8], "prompt": "a circle"}),
         "instructed": await client.call_tool("edit", {"input": red, "instruction": "make the square blue",
                                                       "prompt": "a large red square in the center"}),
@@ -142,6 +144,11 @@ def test_bad_calls_are_tool_errors_that_name_the_cause(seen):
         assert seen[name].is_error and name.split()[0] in message, (name, message)
         assert any(f"valid {kind}" in message for kind in ("integer", "number", "boolean")), (name, message)
     assert seen["bad out"].is_error and "OutputPathError" in texts(seen["bad out"])[0]
+    # an argument the tool does not take is refused by name, not dropped (as serve --stdio refuses unknown keys)
+    misspelt = texts(seen["misspelt"])[0]
+    assert seen["misspelt"].is_error and misspelt.startswith("InputError: unknown argument(s) 'temprature' of "
+                                                             "generate; accepted: to, text,")
+    assert "temperature" in misspelt
     assert seen["unknown tool"].is_error and "paint" in texts(seen["unknown tool"])[0]
 
 
@@ -246,6 +253,8 @@ def test_bad_self_critique_calls_are_tool_errors_and_the_server_goes_on(seen):
     assert seen["bad refine"].is_error and "psychic" in texts(seen["bad refine"])[0]
     assert seen["bad edit"].is_error and "InputError: a seconds region is for audio" in texts(seen["bad edit"])[0]
     assert seen["box of flags"].is_error and "box" in texts(seen["box of flags"])[0]
+    assert seen["steps to critique"].is_error
+    assert "unknown argument(s) 'steps' of critique" in texts(seen["steps to critique"])[0]
     assert "valid number" in texts(seen["box of flags"])[0]
     margin = seen["margin on a picture"]
     assert margin.is_error and "speech_margin widens the stretch an instructed speech edit" in texts(margin)[0]

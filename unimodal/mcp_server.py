@@ -481,10 +481,25 @@ TOOLS = {
 def build_server(runner: Runner):
     """The MCP server with every tool of :data:`TOOLS` and the two resources."""
     from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
 
     from unimodal import __version__
 
-    server = MCPServer(name="unimodal", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
+    class Server(MCPServer):
+        """Refuses an argument a tool does not take (a misspelt ``temprature``, ``steps`` given to critique) by
+        name, as ``serve --stdio`` refuses an unknown key, where the SDK's argument model would drop it silently."""
+
+        async def call_tool(self, name, arguments, context=None):
+            schemas = {tool.name: tool.input_schema for tool in await self.list_tools()}
+            if name in schemas:
+                accepted = schemas[name].get("properties", {})
+                unknown = sorted(set(arguments or {}) - set(accepted))
+                if unknown:
+                    raise ToolError(f"InputError: unknown argument(s) {', '.join(map(repr, unknown))} of {name}; "
+                                    f"accepted: {', '.join(accepted)}")
+            return await super().call_tool(name, arguments, context)
+
+    server = Server(name="unimodal", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
     for name, (make, description) in TOOLS.items():
         server.add_tool(make(runner), name=name, description=description, structured_output=False)
 
