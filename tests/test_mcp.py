@@ -172,7 +172,11 @@ def test_text_comes_back_as_text_and_audio_as_a_file(seen):
     joint = summary(seen["joint"])
     assert joint["modalities"] == ["text", "image"] and set(joint["files"]) == {"text", "image", "json"}
     speech = seen["speech"]
-    assert not speech.is_error and [block.type for block in speech.content] == ["text"]  # the summary only
+    assert not speech.is_error and [block.type for block in speech.content] == ["audio", "text"]  # + the summary
+    (clip,) = [block for block in speech.content if block.type == "audio"]
+    assert clip.mime_type == "audio/wav"
+    played, rate = sf.read(io.BytesIO(base64.b64decode(clip.data)))
+    assert rate == 16000 and len(played) > 0
     assert sf.info(summary(speech)["files"]["audio"]).samplerate == 16000
 
 

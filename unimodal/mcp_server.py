@@ -3,8 +3,8 @@
 Tools (each argument has a JSON schema, from the annotated signature):
 
 - ``generate``: any inputs (``text``; ``image`` / ``audio`` as file paths) -> any outputs (``to``). A text output
-  comes back as text, an image as image content plus its file path, audio as its file path; a last text block
-  holds the JSON summary (files, settings used, cost, warnings).
+  comes back as text, an image as image content plus its file path, audio as audio content plus its file path; a
+  last text block holds the JSON summary (files, settings used, cost, warnings).
 
 Resources: ``unimodal://vocabulary`` (the words the model was trained on: colours, shapes, sizes, positions,
 relations, digits; JSON) and ``unimodal://model`` (folder, modalities, limits; JSON).
@@ -72,8 +72,9 @@ def _json_scalar(value):
 FromJson = BeforeValidator(_json_scalar)
 Scale = Annotated[StrictFloat, Field(ge=0), FromJson]
 Coordinate = Annotated[StrictFloat, FromJson]  # of a box, a span of seconds or of characters
-# MIME type of the image content for each image file suffix the results write.
+# MIME type of the image / audio content for each file suffix the results write.
 IMAGE_MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
+AUDIO_MIME = {".wav": "audio/wav", ".flac": "audio/flac"}
 INSTRUCTIONS = ("unimodal: one masked-diffusion model that writes text, images and audio from any of them. Call "
                 "generate with a prompt (text), an image file or an audio file, and the outputs you want (to). "
                 "Read unimodal://vocabulary first: the model only knows the words it was trained on.")
@@ -225,13 +226,14 @@ def collected_warnings():
 
 
 def result_content(result, files: dict[str, str], warned: list[str]) -> list:
-    """A result as MCP content: its text, its image (with the file path in the summary), then the summary."""
+    """A result as MCP content: its text, its image, its audio (with the file paths in the summary), then the
+    summary."""
     from mcp_types import TextContent
 
     content = []
     if result.text is not None:
         content.append(TextContent(type="text", text=result.text))
-    content += image_content(files.get("image"))
+    content += image_content(files.get("image")) + audio_content(files.get("audio"))
     summary = {"modalities": list(result.modalities), "text": result.text, "files": files,
                "forward_passes": result.forward_passes, "steps": result.steps, "settings": result.settings,
                "warnings": list(dict.fromkeys(warned))}
@@ -249,6 +251,19 @@ def image_content(path: str | None) -> list:
 
     data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
     return [ImageContent(type="image", data=data, mime_type=IMAGE_MIME[Path(path).suffix.lower()])]
+
+
+def audio_content(path: str | None) -> list:
+    """The clip at ``path`` as one audio content block (a client can play it; ~0.2 MB for 5 s of 16 kHz WAV); none
+    for no path or a file that is not a clip."""
+    from mcp_types import AudioContent
+
+    if not path or Path(path).suffix.lower() not in AUDIO_MIME:
+        return []
+    import base64
+
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return [AudioContent(type="audio", data=data, mime_type=AUDIO_MIME[Path(path).suffix.lower()])]
 
 
 @contextlib.contextmanager
@@ -463,7 +478,7 @@ def _edit(runner: Runner, request: dict) -> list:
 TOOLS = {
     "generate": (generate_tool, "Generate text, an image and/or audio from a prompt, an image file and/or an "
                                 "audio file (or from nothing). Images come back as image content and files; "
-                                "audio as a file path; text as text."),
+                                "audio as audio content and files; text as text."),
     "critique": (critique_tool, "Score each token of a picture, clip or caption the model made (1: looks right), "
                                 "find the flawed regions (pixels, seconds, characters) and draw them: the heat map "
                                 "over a picture / score curve under a clip comes back as image content and a "
@@ -547,5 +562,5 @@ def serve_mcp(model_dir: str | os.PathLike, device: str | None = None, out_dir: 
     return 0
 
 
-__all__ = ["Runner", "TOOLS", "build_server", "critique_tool", "edit_tool", "generate_tool", "image_content",
-           "refine_tool", "result_content", "serve_mcp"]
+__all__ = ["Runner", "TOOLS", "audio_content", "build_server", "critique_tool", "edit_tool", "generate_tool",
+           "image_content", "refine_tool", "result_content", "serve_mcp"]
