@@ -309,6 +309,7 @@ def test_a_manifest_s_bad_records_refuse_a_run_or_are_skipped_aloud(tiny_codec_d
         Image.new("RGB", (64, 64), (10 * i, 100, 200)).save(tmp_path / f"img{i}.png")
         lines.append(json.dumps({"text": f"a blue picture number {i}", "image": f"img{i}.png"}))
     lines[4] = json.dumps({"text": "a lost picture", "image": "gone.png"})
+    lines[0] = json.dumps({"text": " ".join(["a very long caption"] * 20), "image": "img0.png"})  # > 32 tokens
     manifest = tmp_path / "mine.jsonl"
     manifest.write_text("\n".join(lines) + "\nnot json\n")
     cfg = _tiny_cfg(steps=1, task_weights={"text->image": 1.0})
@@ -316,12 +317,14 @@ def test_a_manifest_s_bad_records_refuse_a_run_or_are_skipped_aloud(tiny_codec_d
         train(tmp_path / "strict", [str(manifest)], tiny_codec_dir, cfg, progress=False)
     assert not (tmp_path / "strict" / "checkpoint.pt").exists()
     capsys.readouterr()
-    for _ in range(2):  # encoded, then from the cache: said both times
+    for encoded in (True, False):  # encoded, then from the cache: said both times
         train(tmp_path / "skipping", [str(manifest)], tiny_codec_dir, cfg, progress=False,
               options=RunOptions(skip_bad=True))
         err = capsys.readouterr().err
         assert "mine.jsonl: 2 bad record(s) skipped (--skip-bad), 19 training samples kept: line 5: cannot read image" \
             in err and "line 22: not valid JSON" in err
+        # what the model will not see of the data, said when it is encoded
+        assert ("(train, 19 samples): 1 text(s) cut to their first 32 tokens (the longest" in err) == encoded
     with pytest.raises(BadRecordsError):  # the skipping run's cached tokens are not the strict run's
         train(tmp_path / "strict", [str(manifest)], tiny_codec_dir, cfg, progress=False)
     with pytest.raises(BadRecordsError):

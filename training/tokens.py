@@ -73,9 +73,10 @@ class CodecStack:
         return digest.hexdigest()[:16]
 
 
-def encode_samples(stack: CodecStack, samples: list[Sample], batch_size: int = 64,
-                   progress: bool = True) -> list[dict[str, torch.Tensor]]:
-    """Local ids of every modality each sample has; text and audio cut to the layout's maximum length."""
+def encode_samples(stack: CodecStack, samples: list[Sample], batch_size: int = 64, progress: bool = True,
+                   cut: dict | None = None) -> list[dict[str, torch.Tensor]]:
+    """Local ids of every modality each sample has; text and audio cut to the layout's maximum length (``cut``,
+    when given, gets per modality how many were cut and the longest, in ids)."""
     out: list[dict[str, torch.Tensor]] = [{} for _ in samples]
     bar = tqdm(total=len(samples), desc="encoding", unit="sample", disable=not progress)
     for start in range(0, len(samples), batch_size):
@@ -89,6 +90,9 @@ def encode_samples(stack: CodecStack, samples: list[Sample], batch_size: int = 6
             ids = codec.encode(np.stack(values) if modality == "image" else values)
             for i, row_ids in zip(rows, ids):
                 out[start + i][modality] = row_ids[:limit].clone() if limit else row_ids.clone()
+                if cut is not None and limit and len(row_ids) > limit:
+                    count, longest = cut.get(modality, (0, 0))
+                    cut[modality] = (count + 1, max(longest, len(row_ids)))
         bar.update(len(chunk))
     bar.close()
     return out
@@ -137,10 +141,27 @@ def tokenized_split(stack: CodecStack, codec_dir: str | os.PathLike, source: str
         _say_skipped(source, split, cached.get("skipped", []), len(cached["tokens"]))
         return cached["tokens"]
     skipped: list[str] = []
-    tokens = encode_samples(stack, _load_samples(source, split, skip_bad, skipped, progress), progress=progress)
+    cut: dict = {}
+    tokens = encode_samples(stack, _load_samples(source, split, skip_bad, skipped, progress), progress=progress,
+                            cut=cut)
     save_atomic({"tokens": tokens, "data": str(source), "split": split, "skipped": skipped}, path)
     _say_skipped(source, split, skipped, len(tokens))
+    if cut and source.is_file():  # a user's own data: say what the model will not see (once, when encoded)
+        _say_cut(source, split, cut, len(tokens), stack.layout)
     return tokens
+
+
+def _say_cut(source: Path, split: str, cut: dict, n: int, layout: Layout) -> None:
+    """The texts and clips of a manifest longer than the model's text / audio segment, cut to it, said on stderr."""
+    parts = []
+    if "text" in cut:
+        parts.append(f"{cut['text'][0]} text(s) cut to their first {layout.max_text_len} tokens (the longest "
+                     f"{cut['text'][1]})")
+    if "audio" in cut:
+        rate = layout.audio_frame_rate
+        parts.append(f"{cut['audio'][0]} clip(s) cut to their first {layout.max_audio_len / rate:g} s (the longest "
+                     f"{cut['audio'][1] / rate:.2f} s; --max-audio-seconds sets the segment)")
+    print(f"{source} ({split}, {n} samples): {'; '.join(parts)}", file=sys.stderr, flush=True)
 
 
 def _say_skipped(source: Path, split: str, skipped: list[str], kept: int) -> None:
