@@ -46,7 +46,7 @@ class FolderDataset:
         if progress:
             with open(self.manifest, "rb") as f:
                 total = sum(1 for _ in f)
-            lines = tqdm(lines, total=total, desc=f"reading {self.manifest.name}", unit="line")
+            lines = tqdm(lines, total=total, desc=f"reading {self.manifest.name}", unit="line", leave=False)
         for line_no, record in lines:
             try:
                 record = self._check_record(line_no, record)
