@@ -317,6 +317,18 @@ def test_cli_reports_errors_without_traceback(user_folder, capsys):
     assert json.loads(out.out)["skipped"] == 2 and json.loads(out.out)["records"] == 2 and "line 2" in out.err
 
 
+def test_data_check_lists_every_bad_record_even_when_none_is_usable(user_folder, capsys):
+    path = user_folder / "data.jsonl"
+    path.write_bytes(b'{"image": "missing.png"}\n{"text": "caf\xe9"}\n# a comment\n\n{"audio": "red.png"}\n')
+    assert cli_main(["data", "check", str(path)]) == 2
+    out = capsys.readouterr()
+    listed = [line for line in out.err.splitlines() if line.startswith("bad: ")]
+    assert [line.split(", line ")[1].split(":")[0] for line in listed] == ["1", "2", "5"]
+    assert "not UTF-8 text" in listed[1] and "cannot read audio" in listed[2]
+    assert "error: " in out.err and "no usable record (each bad one listed above)" in out.err
+    assert json.loads(out.out)["records"] == 0 and "Traceback" not in out.err
+
+
 def test_bad_records_are_all_named_before_the_error(user_folder):
     """Every record is read before a bad one is refused: the error names the first, how many and on which lines
     (ten at most in its message, all in ``errors``), and how to go on."""

@@ -327,11 +327,15 @@ def test_a_manifest_s_bad_records_refuse_a_run_or_are_skipped_aloud(tiny_codec_d
         assert ("(train, 19 samples): 1 text(s) cut to their first 32 tokens (the longest" in err) == encoded
     with pytest.raises(BadRecordsError):  # the skipping run's cached tokens are not the strict run's
         train(tmp_path / "strict", [str(manifest)], tiny_codec_dir, cfg, progress=False)
+    Image.new("RGB", (64, 64), (0, 0, 0)).save(tmp_path / "gone.png")  # the missing picture put in place: read
+    train(tmp_path / "fixed", [str(manifest)], tiny_codec_dir, cfg, progress=False, options=RunOptions(skip_bad=True))
+    assert "1 bad record(s) skipped (--skip-bad), 20 training samples kept: line 22: not valid JSON" in \
+        capsys.readouterr().err  # the validation record (line 20) the same as before: split by line number
     with pytest.raises(BadRecordsError):
         build_pack([str(manifest)], tiny_codec_dir, tmp_path / "strict.pack.safetensors", progress=False)
     pack = build_pack([str(manifest)], tiny_codec_dir, tmp_path / "mine.pack.safetensors", progress=False,
                       skip_bad=True)
-    assert load_pack(pack).meta["counts"] == {"train": 19, "val": 1}
+    assert load_pack(pack).meta["counts"] == {"train": 20, "val": 1}
 
 
 def test_length_grouped_micro_batches_cut_padding(tiny_codec_dir):

@@ -103,11 +103,40 @@ FOLDER_VAL_FRACTION = 0.05  # a user's manifest has no splits: every 20th record
 
 def _source_key(source: Path) -> str:
     """Names a data source in the cache: its path and the modification time of its index file (a manifest, or a
-    built set's info.json), so two data sets with the same folder name never share cached tokens."""
+    built set's info.json), so two data sets with the same folder name never share cached tokens; for a manifest
+    also the size and modification time of every file it names (a picture replaced, or a missing one put in place,
+    is read again)."""
     index = source if source.is_file() else source / "info.json"
     stat = index.stat()
-    digest = hashlib.sha256(f"{source.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:10]
-    return f"{source.stem if source.is_file() else source.name}-{digest}"
+    digest = hashlib.sha256(f"{source.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode())
+    if source.is_file():
+        digest.update(_named_files_state(source).encode())
+    return f"{source.stem if source.is_file() else source.name}-{digest.hexdigest()[:10]}"
+
+
+def _named_files_state(manifest: Path) -> str:
+    """Size and modification time (or absence) of each file a manifest's records name, in order: cheap next to
+    reading them (one stat a file), malformed lines ignored (the reading names them)."""
+    import json
+
+    state = []
+    with open(manifest, "rb") as f:
+        for raw in f:
+            try:
+                record = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if not isinstance(record, dict):
+                continue
+            for key in ("image", "audio"):
+                name = record.get(key)
+                if isinstance(name, str) and name:
+                    try:
+                        stat = (manifest.parent / name).stat()
+                        state.append(f"{name}:{stat.st_mtime_ns}:{stat.st_size}")
+                    except OSError:
+                        state.append(f"{name}:missing")
+    return "\n".join(state)
 
 
 def _load_samples(source: Path, split: str, skip_bad: bool = False, skipped: list | None = None,
@@ -119,8 +148,8 @@ def _load_samples(source: Path, split: str, skip_bad: bool = False, skipped: lis
 
         dataset = FolderDataset(source, skip_bad=skip_bad, progress=progress)
         skipped[:] = [f"line {e.line}: {e.reason}" for e in dataset.skipped]
-        period = round(1 / FOLDER_VAL_FRACTION)
-        keep = [i for i in range(len(dataset)) if (i % period == period - 1) == (split == "val")]
+        period = round(1 / FOLDER_VAL_FRACTION)  # by line number: a record skipped or fixed moves no other one
+        keep = [i for i, (line, _) in enumerate(dataset.records) if (line % period == 0) == (split == "val")]
         if split not in ("train", "val"):
             raise DataError(f"a manifest has only train and val splits, not {split!r}")
         return [dataset[i] for i in keep]
@@ -129,24 +158,28 @@ def _load_samples(source: Path, split: str, skip_bad: bool = False, skipped: lis
 
 
 def tokenized_split(stack: CodecStack, codec_dir: str | os.PathLike, source: str | os.PathLike, split: str,
-                    progress: bool = True, skip_bad: bool = False) -> list[dict[str, torch.Tensor]]:
+                    progress: bool = True, skip_bad: bool = False,
+                    quiet: bool = False) -> list[dict[str, torch.Tensor]]:
     """Ids of one split of a built data set or a JSONL manifest, from the cache when the same codecs encoded
     the same data before; ``skip_bad``: a manifest's bad records are skipped (said on stderr) instead of refused
-    (cached apart, so a later run without it reads the manifest again and refuses them)."""
+    (cached apart, so a later run without it reads the manifest again and refuses them); ``quiet``: say nothing
+    of skipped or cut records (a run's other processes: its main one says it)."""
     source = Path(source)
     skipping = "-skipbad" if skip_bad and source.is_file() else ""
     path = cache_root() / "tokens" / f"{_source_key(source)}{skipping}-{split}-{stack.fingerprint(codec_dir)}.pt"
     if path.exists():
         cached = load_checkpoint(path)
-        _say_skipped(source, split, cached.get("skipped", []), len(cached["tokens"]))
+        if not quiet:
+            _say_skipped(source, split, cached.get("skipped", []), len(cached["tokens"]))
         return cached["tokens"]
     skipped: list[str] = []
     cut: dict = {}
     tokens = encode_samples(stack, _load_samples(source, split, skip_bad, skipped, progress), progress=progress,
                             cut=cut)
     save_atomic({"tokens": tokens, "data": str(source), "split": split, "skipped": skipped}, path)
-    _say_skipped(source, split, skipped, len(tokens))
-    if cut and source.is_file():  # a user's own data: say what the model will not see (once, when encoded)
+    if not quiet:
+        _say_skipped(source, split, skipped, len(tokens))
+    if cut and source.is_file() and not quiet:  # a user's own data: what the model will not see (said when encoded)
         _say_cut(source, split, cut, len(tokens), stack.layout)
     return tokens
 

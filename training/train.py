@@ -549,23 +549,25 @@ def load_initial_weights(model: DiT, source: str | Path, layout, log: bool = Tru
               flush=True)
 
 
-def _load_tokens(stack, codec_dir, data_dirs, split, progress, skip_bad: bool = False):
+def _load_tokens(stack, codec_dir, data_dirs, split, progress, skip_bad: bool = False, quiet: bool = False):
     from unimodal.training.tokens import tokenized_split
 
     tokens = []
     for data_dir in data_dirs:
-        tokens.extend(tokenized_split(stack, codec_dir, data_dir, split, progress=progress, skip_bad=skip_bad))
+        tokens.extend(tokenized_split(stack, codec_dir, data_dir, split, progress=progress, skip_bad=skip_bad,
+                                      quiet=quiet))
     return tokens
 
 
 def weighted_train_tokens(stack, codec_dir, sources: list[tuple[Path, float]], seed: int = 0, progress: bool = False,
-                          skip_bad: bool = False) -> tuple[list[dict], list[tuple[str, int, float]]]:
+                          skip_bad: bool = False,
+                          quiet: bool = False) -> tuple[list[dict], list[tuple[str, int, float]]]:
     """The training split of ``sources`` ((folder, weight) pairs, :func:`resolve_weighted`), each drawn as often
     as its weight says, and the (source, samples, weight) of each part; ``skip_bad``: a manifest's bad records
-    skipped instead of refused."""
+    skipped instead of refused; ``quiet``: nothing said of skipped or cut records (another process says it)."""
     tokens, parts = [], []
     for source, weight in sources:
-        split = _load_tokens(stack, codec_dir, [source], "train", progress, skip_bad)
+        split = _load_tokens(stack, codec_dir, [source], "train", progress, skip_bad, quiet)
         tokens += weighted(split, weight, seed, str(source))
         parts.append((str(source), len(split), weight))
     return tokens, parts
@@ -607,9 +609,10 @@ def load_run_data(data: list[str], codec_dir, cfg: TrainConfig, accelerator, pro
     data_dirs = [source for source, _ in sources]
     with accelerator.main_process_first():
         show = progress and accelerator.is_main_process
-        train_tokens, parts = weighted_train_tokens(stack, codec_dir, sources, cfg.seed, show, skip_bad)
+        quiet = not accelerator.is_main_process  # the main process says what was skipped or cut, once
+        train_tokens, parts = weighted_train_tokens(stack, codec_dir, sources, cfg.seed, show, skip_bad, quiet)
         # a folder named twice (or with a weight) is validated once: weights change what is trained on, not the yardstick
-        val_tokens = _load_tokens(stack, codec_dir, list(dict.fromkeys(data_dirs)), "val", show, skip_bad)
+        val_tokens = _load_tokens(stack, codec_dir, list(dict.fromkeys(data_dirs)), "val", show, skip_bad, quiet)
     if show:
         _print_shares(parts)
     return RunData(stack.layout, train_tokens, val_tokens, codec_dir,
@@ -637,7 +640,8 @@ class RunOptions:
     half: bool = False
     workers: int | None = None  # DataLoader workers building batches (None: 0 on the CPU, up to 8 on a GPU)
     fit_steps: bool = False  # with max_minutes: set the total steps (and so the cosine schedule) to what fits
-    skip_bad: bool = False  # a manifest's bad records skipped (said on stderr) instead of refused
+    skip_bad: bool = False  # a manifest's bad records skipped (said on stderr) instead of refused; not saved: a
+    # resume reads the manifest again, and without it a bad record refuses the resume as it would a fresh run
 
 
 FIT_AFTER_STEPS = 30  # steps timed before --fit-steps sets the total, and between its later revisions

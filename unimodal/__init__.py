@@ -59,6 +59,6 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["BadRecordsError", "DataError", "DeviceError", "EmptyInputError", "GenerationResult", "InputError",
-           "InputFileError", "ManifestError", "MissingDependencyError", "ModelFolderError", "OutputPathError", "SampleRateError",
-           "SettingError", "StepsCappedWarning", "TextEncodingError", "UniModal", "UnimodalError",
+           "InputFileError", "ManifestError", "MissingDependencyError", "ModelFolderError", "OutputPathError",
+           "SampleRateError", "SettingError", "StepsCappedWarning", "TextEncodingError", "UniModal", "UnimodalError",
            "UnknownWordsWarning", "__version__"]

@@ -41,7 +41,8 @@ def _cmd_data_info(args) -> int:
 def _cmd_data_check(args) -> int:
     from unimodal.training.data.folder import FolderDataset
 
-    dataset = FolderDataset(args.manifest, skip_bad=True, progress=True)  # each bad one listed, not the first
+    # every record read, each bad one listed (not the first alone), even when none is usable
+    dataset = FolderDataset(args.manifest, skip_bad=True, progress=True, allow_empty=True)
     for err in dataset.skipped:
         print(f"{'skipped' if args.skip_bad else 'bad'}: {err}", file=sys.stderr)
     counts = {m: 0 for m in ("text", "image", "audio")}
@@ -50,6 +51,10 @@ def _cmd_data_check(args) -> int:
             counts[m] += bool(record.get(m))
     print(json.dumps({"manifest": str(args.manifest), "records": len(dataset),
                       "skipped" if args.skip_bad else "bad": len(dataset.skipped), "with": counts}, indent=2))
+    if not len(dataset):
+        print(f"error: {args.manifest}: no usable record" + (" (each bad one listed above)" if dataset.skipped
+                                                              else ""), file=sys.stderr)
+        return 2
     if dataset.skipped and not args.skip_bad:
         print(f"error: {args.manifest}: {len(dataset.skipped)} bad record(s), listed above; fix them, or pass "
               f"--skip-bad to unimodal train or data pack to go on without them", file=sys.stderr)

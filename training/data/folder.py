@@ -30,9 +30,11 @@ class FolderDataset:
     """A user's JSONL manifest as an indexable data set of :class:`Sample` (files are read on access)."""
 
     def __init__(self, manifest: str | os.PathLike, skip_bad: bool = False, image_size: int = IMAGE_SIZE,
-                 sample_rate: int = SAMPLE_RATE, check_files: bool = True, progress: bool = False):
+                 sample_rate: int = SAMPLE_RATE, check_files: bool = True, progress: bool = False,
+                 allow_empty: bool = False):
         """``check_files``: read every record's files now (a bad one is found before any training);
-        ``progress``: a bar over the manifest's lines while they are read."""
+        ``progress``: a bar over the manifest's records while they are read; ``allow_empty``: a manifest with no
+        usable record is not refused (``data check`` lists its bad records instead)."""
         from tqdm.auto import tqdm
 
         self.manifest = Path(manifest)
@@ -45,8 +47,8 @@ class FolderDataset:
         lines = self._parse_lines()
         if progress:
             with open(self.manifest, "rb") as f:
-                total = sum(1 for _ in f)
-            lines = tqdm(lines, total=total, desc=f"reading {self.manifest.name}", unit="line", leave=False)
+                total = sum(1 for line in f if line.strip() and not line.lstrip().startswith(b"#"))
+            lines = tqdm(lines, total=total, desc=f"reading {self.manifest.name}", unit="record", leave=False)
         for line_no, record in lines:
             try:
                 record = self._check_record(line_no, record)
@@ -61,13 +63,18 @@ class FolderDataset:
             lines.close()
         if self.skipped and not skip_bad:
             raise BadRecordsError(self.manifest, self.skipped)
-        if not self.records:
+        if not self.records and not allow_empty:
             raise DataError(f"manifest {self.manifest} has no usable record"
                             + (f" ({len(self.skipped)} skipped, first: {self.skipped[0]})" if self.skipped else ""))
 
     def _parse_lines(self):
-        with open(self.manifest, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, start=1):
+        with open(self.manifest, "rb") as f:
+            for line_no, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    yield line_no, ManifestError(self.manifest, line_no, f"not UTF-8 text (byte {exc.start})")
+                    continue
                 if not line.strip() or line.lstrip().startswith("#"):
                     continue
                 try:

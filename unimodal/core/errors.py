@@ -88,8 +88,8 @@ class BadRecordsError(ManifestError):
         more = f" and {len(self.errors) - self.LISTED} more" if len(self.errors) > self.LISTED else ""
         super().__init__(path, first.line, f"{first.reason} ({len(self.errors)} bad record"
                          f"{'s' if len(self.errors) != 1 else ''} in all, line{'s' if len(self.errors) != 1 else ''} "
-                         f"{lines}{more}; `unimodal data check {path}` lists each, and --skip-bad goes on without "
-                         f"them)")
+                         f"{lines}{more}; `unimodal data check {path}` lists each; `unimodal train` and `unimodal data "
+                         f"pack` take --skip-bad to go on without them)")
 
 
 class MissingDependencyError(UnimodalError, ImportError):
