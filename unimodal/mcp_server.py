@@ -24,7 +24,8 @@ error (``isError``) whose text starts with the error type (``InputFileError: ...
   edit (plan, execute, check), then its trace (plan and verdict) as a last JSON text block.
 
 Adding a tool: write ``name_tool(runner)`` returning a function whose annotated keyword arguments are the tool's
-schema, build its answer with :func:`result_content` / :func:`image_content`, and add one line to :data:`TOOLS`.
+schema, build its answer with :func:`result_content` / :func:`image_content` / :func:`audio_content`, and add one
+line to :data:`TOOLS`.
 Run it inside :func:`_answering` so errors become tool errors.
 """
 
