@@ -275,8 +275,14 @@ def test_a_hung_worker_fails_its_test_and_is_killed(tmp_path):
     assert run_group([sys.executable, "-c", "print('done')"], timeout=60).stdout == "done\n"
 
 
-def test_training_on_a_users_manifest(tiny_codec_dir, tmp_path):
+def test_training_on_a_users_manifest(tiny_codec_dir, tmp_path, monkeypatch):
     from PIL import Image
+
+    import unimodal.training.data.folder as folder
+
+    reads = []
+    real_load_image = folder.load_image
+    monkeypatch.setattr(folder, "load_image", lambda *a, **k: reads.append(a[0]) or real_load_image(*a, **k))
 
     lines = []
     for i in range(20):
@@ -288,6 +294,7 @@ def test_training_on_a_users_manifest(tiny_codec_dir, tmp_path):
     train_ids = tokenized_split(stack, tiny_codec_dir, manifest, "train", progress=False)
     val_ids = tokenized_split(stack, tiny_codec_dir, manifest, "val", progress=False)
     assert len(train_ids) == 19 and len(val_ids) == 1 and set(train_ids[0]) == {"text", "image"}
+    assert len(reads) == 20 + 19 + 1  # each picture checked once for both splits, then read for its own split
     model_dir = train(tmp_path / "run", [str(manifest)], tiny_codec_dir,
                       _tiny_cfg(steps=2, task_weights={"text->image": 1.0, "image->text": 1.0}), progress=False)
     assert (model_dir / "backbone" / "config.json").exists()

@@ -139,6 +139,11 @@ def _named_files_state(manifest: Path) -> str:
     return "\n".join(state)
 
 
+# The last manifest checked in this process (its records, not its samples), keyed by its path, its cache key (the
+# manifest's and its files' sizes and times) and skip_bad: a run reads its train and val splits from one check.
+_CHECKED: dict[tuple, object] = {}
+
+
 def _load_samples(source: Path, split: str, skip_bad: bool = False, skipped: list | None = None,
                   progress: bool = False) -> list[Sample]:
     """The samples of one split; a manifest's bad records skipped with ``skip_bad`` are put in ``skipped``."""
@@ -146,7 +151,11 @@ def _load_samples(source: Path, split: str, skip_bad: bool = False, skipped: lis
     if source.is_file():  # a JSONL manifest of the user's own data
         from unimodal.training.data.folder import FolderDataset
 
-        dataset = FolderDataset(source, skip_bad=skip_bad, progress=progress)
+        key = (str(source.resolve()), _source_key(source), skip_bad)
+        if key not in _CHECKED:  # the train split's check serves its val split: every file is read once for it
+            _CHECKED.clear()
+            _CHECKED[key] = FolderDataset(source, skip_bad=skip_bad, progress=progress)
+        dataset = _CHECKED[key]
         skipped[:] = [f"line {e.line}: {e.reason}" for e in dataset.skipped]
         period = round(1 / FOLDER_VAL_FRACTION)  # by line number: a record skipped or fixed moves no other one
         keep = [i for i, (line, _) in enumerate(dataset.records) if (line % period == 0) == (split == "val")]
