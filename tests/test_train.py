@@ -343,6 +343,11 @@ def test_a_manifest_s_bad_records_refuse_a_run_or_are_skipped_aloud(tiny_codec_d
     pack = build_pack([str(manifest)], tiny_codec_dir, tmp_path / "mine.pack.safetensors", progress=False,
                       skip_bad=True)
     assert load_pack(pack).meta["counts"] == {"train": 20, "val": 1}
+    assert load_pack(pack).meta["train_parts"][0]["skipped"] == ["line 22: not valid JSON (Expecting value)"]
+    capsys.readouterr()
+    train(tmp_path / "from-pack", [str(pack)], None, cfg, progress=False)  # a run on the pack says it again
+    assert "1 bad record(s) skipped when packed (--skip-bad), 20 training samples kept: line 22: not valid JSON" \
+        in capsys.readouterr().err
 
 
 def test_length_grouped_micro_batches_cut_padding(tiny_codec_dir):

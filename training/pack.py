@@ -165,11 +165,13 @@ def build_pack(data: list[str], codec_dir: str | Path, out: str | Path, max_audi
                 continue
             seen.add(source)
             if _has_split(source, split):
-                tokens = tokenized_split(stack, codec_dir, source, split, progress, skip_bad)
+                skipped: list[str] = []
+                tokens = tokenized_split(stack, codec_dir, source, split, progress, skip_bad, skipped_out=skipped)
                 splits.setdefault(split, []).extend(tokens)
                 if split == "train":  # stored once; the weight is applied when a run loads the pack
                     weighted(tokens, weight, 0, str(source))  # refuses a weight that keeps nothing, now
-                    parts.append({"source": str(source), "n": len(tokens), "weight": weight})
+                    parts.append({"source": str(source), "n": len(tokens), "weight": weight,
+                                  **({"skipped": skipped} if skipped else {})})  # said again by a run on the pack
     if "train" not in splits:
         raise DataError(f"{data}: no training split to pack")
 

@@ -167,17 +167,20 @@ def _load_samples(source: Path, split: str, skip_bad: bool = False, skipped: lis
 
 
 def tokenized_split(stack: CodecStack, codec_dir: str | os.PathLike, source: str | os.PathLike, split: str,
-                    progress: bool = True, skip_bad: bool = False,
-                    quiet: bool = False) -> list[dict[str, torch.Tensor]]:
+                    progress: bool = True, skip_bad: bool = False, quiet: bool = False,
+                    skipped_out: list | None = None) -> list[dict[str, torch.Tensor]]:
     """Ids of one split of a built data set or a JSONL manifest, from the cache when the same codecs encoded
     the same data before; ``skip_bad``: a manifest's bad records are skipped (said on stderr) instead of refused
     (cached apart, so a later run without it reads the manifest again and refuses them); ``quiet``: say nothing
-    of skipped or cut records (a run's other processes: its main one says it)."""
+    of skipped or cut records (a run's other processes: its main one says it); ``skipped_out``: extended with the
+    skipped records ("line N: reason"), for a pack to keep them."""
     source = Path(source)
     skipping = "-skipbad" if skip_bad and source.is_file() else ""
     path = cache_root() / "tokens" / f"{_source_key(source)}{skipping}-{split}-{stack.fingerprint(codec_dir)}.pt"
     if path.exists():
         cached = load_checkpoint(path)
+        if skipped_out is not None:
+            skipped_out.extend(cached.get("skipped", []))
         if not quiet:
             _say_skipped(source, split, cached.get("skipped", []), len(cached["tokens"]))
         return cached["tokens"]
@@ -186,6 +189,8 @@ def tokenized_split(stack: CodecStack, codec_dir: str | os.PathLike, source: str
     tokens = encode_samples(stack, _load_samples(source, split, skip_bad, skipped, progress), progress=progress,
                             cut=cut)
     save_atomic({"tokens": tokens, "data": str(source), "split": split, "skipped": skipped}, path)
+    if skipped_out is not None:
+        skipped_out.extend(skipped)
     if not quiet:
         _say_skipped(source, split, skipped, len(tokens))
     if cut and source.is_file() and not quiet:  # a user's own data: what the model will not see (said when encoded)
