@@ -145,13 +145,13 @@ _CHECKED: dict[tuple, object] = {}
 
 
 def _load_samples(source: Path, split: str, skip_bad: bool = False, skipped: list | None = None,
-                  progress: bool = False) -> list[Sample]:
+                  progress: bool = False, source_key: str | None = None) -> list[Sample]:
     """The samples of one split; a manifest's bad records skipped with ``skip_bad`` are put in ``skipped``."""
     skipped = [] if skipped is None else skipped
     if source.is_file():  # a JSONL manifest of the user's own data
         from unimodal.training.data.folder import FolderDataset
 
-        key = (str(source.resolve()), _source_key(source), skip_bad)
+        key = (str(source.resolve()), source_key or _source_key(source), skip_bad)
         if key not in _CHECKED:  # the train split's check serves its val split: every file is read once for it
             _CHECKED.clear()
             _CHECKED[key] = FolderDataset(source, skip_bad=skip_bad, progress=progress)
@@ -176,7 +176,8 @@ def tokenized_split(stack: CodecStack, codec_dir: str | os.PathLike, source: str
     skipped records ("line N: reason"), for a pack to keep them."""
     source = Path(source)
     skipping = "-skipbad" if skip_bad and source.is_file() else ""
-    path = cache_root() / "tokens" / f"{_source_key(source)}{skipping}-{split}-{stack.fingerprint(codec_dir)}.pt"
+    source_key = _source_key(source)  # for a manifest, a stat of every file it names: computed once here
+    path = cache_root() / "tokens" / f"{source_key}{skipping}-{split}-{stack.fingerprint(codec_dir)}.pt"
     if path.exists():
         cached = load_checkpoint(path)
         if skipped_out is not None:
@@ -186,8 +187,8 @@ def tokenized_split(stack: CodecStack, codec_dir: str | os.PathLike, source: str
         return cached["tokens"]
     skipped: list[str] = []
     cut: dict = {}
-    tokens = encode_samples(stack, _load_samples(source, split, skip_bad, skipped, progress), progress=progress,
-                            cut=cut)
+    tokens = encode_samples(stack, _load_samples(source, split, skip_bad, skipped, progress, source_key),
+                            progress=progress, cut=cut)
     save_atomic({"tokens": tokens, "data": str(source), "split": split, "skipped": skipped}, path)
     if skipped_out is not None:
         skipped_out.extend(skipped)
@@ -211,10 +212,11 @@ def _say_cut(source: Path, split: str, cut: dict, n: int, layout: Layout) -> Non
     print(f"{source} ({split}, {n} samples): {'; '.join(parts)}", file=sys.stderr, flush=True)
 
 
-def _say_skipped(source: Path, split: str, skipped: list[str], kept: int) -> None:
+def _say_skipped(source, split: str, skipped: list[str], kept: int, when: str = "") -> None:
     """A manifest's records skipped by ``--skip-bad``, said on stderr whenever its training split is read (from the
-    cache too: they are never dropped silently); its val split skips the same records and says nothing more."""
+    cache, or from a pack (``when``: " when packed"), too: they are never dropped silently); its val split skips the
+    same records and says nothing more."""
     if skipped and split == "train":
         more = f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""
-        print(f"{source}: {len(skipped)} bad record(s) skipped (--skip-bad), {kept} training samples kept: "
+        print(f"{source}: {len(skipped)} bad record(s) skipped{when} (--skip-bad), {kept} training samples kept: "
               f"{'; '.join(skipped[:5])}{more}", file=sys.stderr, flush=True)

@@ -16,7 +16,6 @@ import contextlib
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -601,12 +600,10 @@ def load_run_data(data: list[str], codec_dir, cfg: TrainConfig, accelerator, pro
         if progress and accelerator.is_main_process:
             _print_shares(parts)
         if accelerator.is_main_process:  # what the pack's manifests left out (data pack --skip-bad), said again
+            from unimodal.training.tokens import _say_skipped
+
             for part in pack.meta.get("train_parts") or []:
-                if part.get("skipped"):
-                    more = f"; and {len(part['skipped']) - 5} more" if len(part["skipped"]) > 5 else ""
-                    print(f"{part['source']}: {len(part['skipped'])} bad record(s) skipped when packed (--skip-bad), "
-                          f"{part['n']} training samples kept: {'; '.join(part['skipped'][:5])}{more}",
-                          file=sys.stderr, flush=True)
+                _say_skipped(part["source"], "train", part.get("skipped", []), part["n"], " when packed")
         return RunData(pack.layout, pack.weighted_train(cfg.seed), pack.splits.get("val", []), None,
                        [str(data[0])], pack.fingerprint, pack.meta.get("datasets"))
     from unimodal.training.tokens import CodecStack
